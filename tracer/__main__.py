@@ -1,0 +1,144 @@
+"""python -m tracer MODEL: the work of one forward step, per op class and per module."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+from .model_source import ModelError, bundled_models, resolve_model
+from .table import format_table, human
+from .work import OP_CLASSES, Request, Trace, TraceOptions
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line and exits 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32", "fp8", "int8", "fp4"],
+                   help="weight/activation dtype (fp8/int8/fp4: weights priced narrower on a bf16 graph)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=["bf16", "fp16", "fp32", "fp8", "int8"],
+                   help="KV cache dtype (default: the model dtype)")
+    p.add_argument("--mla-form", default="absorbed", choices=["absorbed", "hf"],
+                   help="DeepSeek MLA: absorbed latent attention as engines run it (default) or HF's re-expansion")
+    p.add_argument("--moe-imbalance", type=float, default=1.0,
+                   help="tokens on the busiest expert relative to balanced routing (default 1.0)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow running a model's own remote code")
+
+
+def trace_options(args) -> TraceOptions:
+    if args.moe_imbalance < 1.0:
+        raise ValueError("--moe-imbalance must be >= 1.0")
+    return TraceOptions(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, mla_form=args.mla_form,
+                        moe_imbalance=args.moe_imbalance, trust_remote_code=args.trust_remote_code,
+                        dedup_layers=not getattr(args, "no_dedup", False))
+
+
+def trace_summary(t: Trace) -> dict:
+    return {
+        "model": t.model,
+        "request": {"num_queries": t.request.num_queries, "query_length": t.request.query_length,
+                    "context_length": t.request.context_length, "decode": t.request.decode},
+        "params": t.params, "active_params": t.active_params,
+        "flops": t.flops, "flops_by_class": t.flops_by_class(),
+        "bytes": t.bytes, "bytes_by_class": t.bytes_by_class(),
+        "num_ops": t.num_ops, "trace_seconds": round(t.trace_seconds, 4),
+        "kv_cache_bytes_per_token": t.kv_bytes_per_token, "weight_bytes": t.weight_bytes,
+        "unformulated_ops": t.unformulated, "notes": t.notes,
+    }
+
+
+def by_module(t: Trace) -> list[list]:
+    groups: dict[tuple, list] = defaultdict(lambda: [0, 0.0, 0.0])
+    for op in t.ops:
+        g = groups[(op.module_type, op.op_class)]
+        g[0] += op.count
+        g[1] += op.flops * op.count
+        g[2] += op.bytes * op.count
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][1] - kv[1][2] * 1e-3)
+    return [[mt, cls, n, human(f, "FLOP"), human(b, "B")] for (mt, cls), (n, f, b) in rows]
+
+
+def render(t: Trace) -> str:
+    r = t.request
+    head = (f"{t.model}: {'decode' if r.decode else 'prefill'}  batch={r.num_queries} query={r.query_length} "
+            f"context={r.context_length}  params={human(t.params)} active={human(t.active_params)}  "
+            f"traced in {t.trace_seconds:.2f}s")
+    fl, by = t.flops_by_class(), t.bytes_by_class()
+    classes = format_table(["class", "FLOPs", "bytes", "share of FLOPs"],
+                           [[c, human(fl[c], "FLOP"), human(by[c], "B"), f"{fl[c] / max(t.flops, 1) * 100:.1f}%"]
+                            for c in OP_CLASSES] + [["total", human(t.flops, "FLOP"), human(t.bytes, "B"), "100%"]])
+    modules = format_table(["module", "class", "ops", "FLOPs", "bytes"], by_module(t))
+    notes = "".join(f"\nnote: {n}" for n in t.notes)
+    if t.unformulated:
+        notes += f"\nwarning: ops without a formula (not counted): {t.unformulated}"
+    return f"{head}\n\n{classes}\n\n{modules}{notes}"
+
+
+def crosscheck_table(t: Trace, mla_form: str) -> str:
+    from .formulas import model_flops
+    formula = model_flops(resolve_model(t.model).config, t.request, mla_form)
+    traced = t.flops_by_class()
+    rows = [[c, human(traced[c], "FLOP"), human(formula[c], "FLOP"), f"{(traced[c] / formula[c] - 1) * 100:+.3f}%"]
+            for c in formula]
+    total_formula = sum(formula.values())
+    rows.append(["matrix total", human(traced["gemm"] + traced["attention"], "FLOP"), human(total_formula, "FLOP"),
+                 f"{((traced['gemm'] + traced['attention']) / total_formula - 1) * 100:+.3f}%"])
+    return format_table(["class", "traced", "formula", "difference"], rows, title="cross-check: tracer vs formulas")
+
+
+def list_models() -> str:
+    return format_table(["name", "family", "source"],
+                        [[m.name, m.family, m.source] for m in bundled_models().values()])
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(prog="python -m tracer", description=__doc__)
+    p.add_argument("model", nargs="?", help="bundled name, folder or config.json path, or HF id in the local cache")
+    p.add_argument("--list", action="store_true", help="list the bundled models")
+    p.add_argument("--num-queries", "-b", type=int, default=1)
+    p.add_argument("--query-length", "-q", type=int, default=None, help="new tokens per sequence (default 2048)")
+    p.add_argument("--context-length", "-c", type=int, default=0, help="tokens already in the KV cache")
+    p.add_argument("--decode", action="store_true", help="one decode step (query length 1)")
+    p.add_argument("--all-logits", action="store_true", help="compute logits for every token, not just the last")
+    p.add_argument("--no-dedup", action="store_true", help="trace every decoder layer instead of one per kind")
+    p.add_argument("--crosscheck", action="store_true", help="print traced vs hand-written formula FLOPs")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_model_arguments(p)
+    args = p.parse_args(argv)
+    if args.list:
+        print(list_models())
+        return 0
+    if not args.model:
+        p.error("MODEL is required (or --list)")
+    if args.decode and args.query_length not in (None, 1):
+        p.error("--decode takes query length 1")
+    query = 1 if args.decode else (args.query_length if args.query_length is not None else 2048)
+    try:
+        from .trace import trace
+        request = Request(args.num_queries, query, args.context_length, decode=args.decode, all_logits=args.all_logits)
+        spec = resolve_model(args.model)
+        t = trace(spec, request, trace_options(args))
+    except (ValueError, ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = trace_summary(t)
+        if args.crosscheck:
+            from .formulas import model_flops
+            out["formula_flops_by_class"] = model_flops(spec.config, request, args.mla_form)
+        print(json.dumps(out, indent=1))
+    else:
+        print(render(t))
+        if args.crosscheck:
+            print()
+            print(crosscheck_table(t, args.mla_form))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Attention as one op with exact work, plugged into transformers' AttentionInterface by name.
+
+No mask is built (a registered implementation outside the mask mapping gets none): causality,
+the sliding window and the alignment of the queries to the end of the keys are known exactly,
+so the work is counted in closed form rather than from a dense mask.
+"""
+from __future__ import annotations
+
+import torch
+
+from .recorder import active_recorder
+from .work import ATTENTION, MATRIX, AttentionWork
+
+IMPLEMENTATION_NAME = "tracecost"
+
+
+def causal_pairs(query_length: int, context_length: int, window: int | None = None) -> int:
+    """Query-key pairs executed for one sequence: sum over queries i of min(C + i + 1, window)."""
+    first, last = context_length + 1, context_length + query_length  # keys seen by the first and last query
+    if window is None or window >= last:
+        return (first + last) * query_length // 2
+    if window <= first:
+        return window * query_length
+    growing = window - first  # queries that see fewer than `window` keys
+    return (first + window - 1) * growing // 2 + window * (query_length - growing)
+
+
+def keys_read(query_length: int, context_length: int, window: int | None = None) -> int:
+    """Keys (per KV head) that some query attends to: all C + Q, or the window span."""
+    total = context_length + query_length
+    return total if window is None else min(total, window + query_length - 1)
+
+
+def attention_work(batch: int, heads: int, kv_heads: int, qk_head_dim: int, v_head_dim: int, query_length: int,
+                   context_length: int, window: int | None = None, kv_shares_storage: bool = False,
+                   has_sinks: bool = False) -> AttentionWork:
+    return AttentionWork(batch=batch, heads=heads, kv_heads=kv_heads, qk_head_dim=qk_head_dim,
+                         v_head_dim=v_head_dim, query_length=query_length, context_length=context_length,
+                         window=window, pairs_per_sequence=causal_pairs(query_length, context_length, window),
+                         kv_tokens_read=keys_read(query_length, context_length, window),
+                         kv_shares_storage=kv_shares_storage, has_sinks=has_sinks)
+
+
+def attention_flops(w: AttentionWork) -> float:
+    # QK^T costs 2*d_qk per pair and PV costs 2*d_v per pair: 4*heads*head_dim*pairs when they match.
+    return 2.0 * w.batch * w.heads * w.pairs_per_sequence * (w.qk_head_dim + w.v_head_dim)
+
+
+def attention_bytes(w: AttentionWork, act_bytes: int, kv_bytes: int) -> tuple[float, float]:
+    """(read, written): Q read and O written once; K and V read once per KV head (GQA never repeats them)."""
+    q = w.batch * w.heads * w.query_length * w.qk_head_dim * act_bytes
+    o = w.batch * w.heads * w.query_length * w.v_head_dim * act_bytes
+    k = w.batch * w.kv_heads * w.kv_tokens_read * w.qk_head_dim * kv_bytes
+    v = 0 if w.kv_shares_storage else w.batch * w.kv_heads * w.kv_tokens_read * w.v_head_dim * kv_bytes
+    sinks = w.heads * 4 if w.has_sinks else 0
+    return q + k + v + sinks, o
+
+
+def record_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int | None,
+                     sinks: torch.Tensor | None = None, kv_shares_storage: bool = False) -> torch.Tensor:
+    """Record attention over [B, H, Q, D] queries and [B, Hkv, C+Q, D] keys; return [B, Q, H, Dv]."""
+    batch, heads, q_len, qk_dim = query.shape
+    kv_heads, kv_len, v_dim = key.shape[1], key.shape[2], value.shape[-1]
+    out = query.new_empty(batch, q_len, heads, v_dim)
+    rec = active_recorder()
+    if rec is not None:
+        if window is not None and window <= 0:
+            window = None
+        work = attention_work(batch, heads, kv_heads, qk_dim, v_dim, q_len, kv_len - q_len, window,
+                              kv_shares_storage, sinks is not None)
+        read, written = attention_bytes(work, query.element_size(), rec.kv_element_size)
+        rec.record("tracecost.attention", ATTENTION, MATRIX, attention_flops(work), [query, key, value], [out],
+                   bytes_read=read, bytes_written=written, attention=work)
+    return out
+
+
+def tracecost_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                        sliding_window=None, s_aux=None, **kwargs):
+    """AttentionInterface implementation: the exact work of a fused (flash) attention kernel."""
+    window = sliding_window if sliding_window is not None else kwargs.get("window_size")
+    return record_attention(query, key, value, window, sinks=s_aux), None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+    AttentionInterface.register(IMPLEMENTATION_NAME, tracecost_attention)

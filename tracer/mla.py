@@ -1,0 +1,81 @@
+"""Multi-head latent attention (DeepSeek V2/V3) in the absorbed form serving engines run.
+
+HF re-expands the whole latent cache through kv_b_proj every step (K and V per head for all
+C + Q tokens). Engines (vLLM, SGLang) absorb kv_b_proj's key half into the query and its value
+half into the output, so attention runs in the latent space as multi-query attention with one
+KV head of kv_lora_rank + rope dims, and V is the first kv_lora_rank dims of that same cache.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .attention import record_attention
+from .recorder import active_recorder
+from .work import OTHER, VECTOR
+
+FORMS = ("absorbed", "hf")
+
+
+def is_mla(module: torch.nn.Module) -> bool:
+    return hasattr(module, "kv_lora_rank") and hasattr(module, "kv_b_proj") and hasattr(module, "kv_a_proj_with_mqa")
+
+
+def _rotate(x: torch.Tensor, positions: int) -> torch.Tensor:
+    # rotary on the rope dims: x*cos + rotate_half(x)*sin, same elementwise work whatever the layout
+    table_shape = (positions,) + (1,) * (x.dim() - 3) + (x.shape[-1],)
+    cos, sin = x.new_empty(table_shape), x.new_empty(table_shape)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+    batch, tokens = hidden_states.shape[:-1]
+    heads, nope, rope, latent, v_dim = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim,
+                                        self.kv_lora_rank, self.v_head_dim)
+    if self.q_lora_rank is None:
+        q = self.q_proj(hidden_states)
+    else:
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+    q = q.view(batch, tokens, heads, nope + rope)
+    q_nope, q_rot = torch.split(q, [nope, rope], dim=-1)
+
+    compressed = self.kv_a_proj_with_mqa(hidden_states)
+    kv_latent, k_rot = torch.split(compressed, [latent, rope], dim=-1)
+    kv_latent = self.kv_a_layernorm(kv_latent)
+    q_rot, k_rot = _rotate(q_rot, tokens), _rotate(k_rot, tokens)
+
+    rec = active_recorder()
+    context = rec.context_length if rec is not None else 0
+    if rec is not None:
+        written = batch * tokens * (latent + rope) * rec.kv_element_size
+        rec.record("tracecost.kv_cache_write", OTHER, VECTOR, 0.0, [kv_latent, k_rot], [],
+                   bytes_written=written, kv_cache_write=True)
+
+    # absorb W_UK into the query: [H, B*T, nope] @ [H, nope, latent]
+    w_kv = self.kv_b_proj.weight.view(heads, nope + v_dim, latent)
+    w_uk, w_uv = w_kv[:, :nope, :], w_kv[:, nope:, :]
+    q_nope = q_nope.permute(2, 0, 1, 3).reshape(heads, batch * tokens, nope)
+    q_latent = torch.bmm(q_nope, w_uk)
+
+    query = q_latent.new_empty(batch, heads, tokens, latent + rope)
+    keys = kv_latent.new_empty(batch, 1, context + tokens, latent + rope)
+    out = record_attention(query, keys, keys[..., :latent], window=None, kv_shares_storage=True)
+
+    # absorb W_UV into the output: [H, B*T, latent] @ [H, latent, v]
+    out = out.permute(2, 0, 1, 3).reshape(heads, batch * tokens, latent)
+    out = torch.bmm(out, w_uv.transpose(1, 2))
+    out = out.view(heads, batch, tokens, v_dim).permute(1, 2, 0, 3).reshape(batch, tokens, heads * v_dim)
+    return self.o_proj(out), None
+
+
+def use_absorbed_form(model: torch.nn.Module) -> int:
+    """Swap every MLA attention module's forward for the absorbed one; returns how many were swapped."""
+    swapped = 0
+    for module in model.modules():
+        if is_mla(module):
+            module.forward = types.MethodType(absorbed_forward, module)
+            swapped += 1
+    return swapped

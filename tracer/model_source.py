@@ -1,0 +1,80 @@
+"""Where a model's config comes from: a bundled name, a local path, or the offline HF cache."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+
+class ModelError(ValueError):
+    """A model that cannot be resolved or built; its message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    name: str
+    hf_id: str
+    family: str
+    source: str
+
+
+def _configs_dir() -> Path:
+    return Path(str(resources.files("tracer") / "configs"))
+
+
+def bundled_models() -> dict[str, BundledModel]:
+    index = json.loads((_configs_dir() / "models.json").read_text())
+    return {name: BundledModel(name=name, **entry) for name, entry in index.items()}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A resolved model: a display name and the config dict to build it from."""
+    name: str
+    config: dict
+    origin: str
+
+
+def _read_config(path: Path, name: str, origin: str) -> ModelSpec:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"cannot read model config {path}: {e}") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelError(f"{path} is not a Hugging Face config.json (no 'model_type')")
+    return ModelSpec(name=name, config=config, origin=origin)
+
+
+def _hf_cache_config(model_id: str) -> Path | None:
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+               / "hub")
+    snapshots = hub / ("models--" + model_id.replace("/", "--")) / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    candidates = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return candidates[0] if candidates else None
+
+
+def resolve_model(model: str) -> ModelSpec:
+    """MODEL may be a bundled name, a folder with config.json, a config.json path, or an HF id in the local cache."""
+    bundled = bundled_models()
+    key = model.lower()
+    if key in bundled:
+        return _read_config(_configs_dir() / key / "config.json", key, bundled[key].source)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"folder {path} has no config.json")
+        return _read_config(path / "config.json", path.name, str(path))
+    if path.is_file():
+        return _read_config(path, path.parent.name if path.name == "config.json" else path.stem, str(path))
+    if "/" in model and not model.startswith((".", "/")):
+        cached = _hf_cache_config(model)
+        if cached is not None:
+            return _read_config(cached, model, f"HF cache: {cached}")
+        raise ModelError(f"model '{model}' is not bundled and not in the local Hugging Face cache; pass a folder or "
+                         f"config.json path, or download it first (huggingface-cli download {model} config.json)")
+    raise ModelError(f"unknown model '{model}': use a bundled name (python -m tracer --list), "
+                     f"a folder holding config.json, a config.json path, or a Hugging Face id in the local cache")

@@ -1,0 +1,290 @@
+"""Records every aten op of a meta-device forward with its work, owning module and dataflow.
+
+The recorder is a TorchDispatchMode: it sees ops after autograd and composite decomposition,
+which is the level kernels run at. Module ownership comes from forward hooks; dataflow (which
+op produced each tensor) lets the engine execution mode price a fused kernel by the bytes that
+actually cross its boundary.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import op_formulas
+from .work import (ATTENTION, FUSION_ACTIVATION, FUSION_CAST, FUSION_NORM, FUSION_RESIDUAL, FUSION_ROTARY, GEMM,
+                   OTHER, AttentionWork, ExpertsWork, GemmShape, Op)
+
+FUSION_ROUTING = "routing"
+_LAYER_RE = re.compile(r"\.layers\.(\d+)(\.|$)")
+_ACTIVE: list["Recorder"] = []
+
+
+def active_recorder() -> "Recorder | None":
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+            torch.int64: "int64", torch.int32: "int32", torch.bool: "bool", torch.int8: "int8",
+            torch.uint8: "uint8"}.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass
+class _Raw:
+    """An op while tracing; frozen into `work.Op` once the dataflow is known."""
+    name: str
+    op_class: str
+    unit: str
+    flops: float
+    dtype: str
+    module: str
+    module_type: str
+    layer: int | None
+    shapes: tuple
+    out_shape: tuple
+    reads: list = field(default_factory=list)       # (producer index or None, bytes)
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    weight_bytes: float = 0.0
+    fusion_group: str | None = None
+    tp_sharded: bool = False
+    gemm: GemmShape | None = None
+    attention: AttentionWork | None = None
+    experts: ExpertsWork | None = None
+    kv_cache_write: bool = False
+    consumers: set = field(default_factory=set)
+
+
+def _fusion_group(name: str, op_class: str, module_type: str) -> str | None:
+    if op_class != OTHER:
+        return None
+    if name.endswith("_to_copy"):
+        return FUSION_CAST
+    mt = module_type.lower()
+    if "norm" in mt:
+        return FUSION_NORM
+    if "rotary" in mt or "attention" in mt:
+        return FUSION_ROTARY
+    if "router" in mt or "gate" == mt or "moe" in mt or "sparse" in mt:
+        return FUSION_ROUTING
+    if "mlp" in mt or "experts" in mt or "activation" in mt or mt.endswith("act"):
+        return FUSION_ACTIVATION
+    if "decoderlayer" in mt or "block" in mt:
+        return FUSION_RESIDUAL
+    return None
+
+
+def _tp_sharded(module_path: str, module_type: str) -> bool:
+    mt = module_type.lower()
+    if "norm" in mt and module_path.count(".") <= 3:
+        return False  # layer norms act on the full hidden state, replicated on every rank
+    return any(k in mt for k in ("attention", "mlp", "experts", "moe", "linear", "embedding")) or \
+        any(k in module_path for k in ("self_attn", "mlp", "lm_head", "embed_tokens", "experts"))
+
+
+class Recorder(TorchDispatchMode):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.ops: list[_Raw] = []
+        self.unformulated: dict[str, int] = {}
+        self._producer = WeakIdKeyDictionary()
+        self._params = WeakIdKeyDictionary()
+        self._stack: list[tuple[str, str]] = [("", type(model).__name__)]
+        self._hooks = []
+        self._suppress = 0
+        self.context_length = 0
+        self.kv_element_size = 2
+        self.moe_imbalance = 1.0
+        for p in model.parameters():
+            self._params[p] = True
+        for name, mod in model.named_modules():
+            self._hooks.append(mod.register_forward_pre_hook(self._push_hook(name, type(mod).__name__)))
+            self._hooks.append(mod.register_forward_hook(self._pop_hook))
+
+    # --- module ownership -------------------------------------------------------------------------
+    def _push_hook(self, name, type_name):
+        def hook(module, args):
+            self._stack.append((name, type_name))
+        return hook
+
+    def _pop_hook(self, module, args, output):
+        self._stack.pop()
+
+    def close(self):
+        for h in self._hooks:
+            h.remove()
+
+    @property
+    def module(self) -> tuple[str, str]:
+        return self._stack[-1]
+
+    @contextlib.contextmanager
+    def suppressed(self):
+        """Run HF bookkeeping whose ops are not work a serving engine does (e.g. cache concatenation)."""
+        self._suppress += 1
+        try:
+            yield
+        finally:
+            self._suppress -= 1
+
+    # --- recording ---------------------------------------------------------------------------------
+    def _reads(self, tensors) -> tuple[list, float, float]:
+        reads, total, weights, seen = [], 0.0, 0.0, set()
+        for t in tensors:
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            nbytes = tensor_bytes(t)
+            producer = self._producer.get(t)
+            if producer == "param" or t in self._params:
+                weights += nbytes
+                producer = None
+            reads.append((producer, nbytes))
+            total += nbytes
+        return reads, total, weights
+
+    def _new_raw(self, name, op_class, unit, flops, dtype, shapes, out_shape, **kw) -> _Raw:
+        path, mtype = self.module
+        m = _LAYER_RE.search(path + ".")
+        layer = int(m.group(1)) if m else None
+        return _Raw(name=name, op_class=op_class, unit=unit, flops=flops, dtype=dtype, module=path,
+                    module_type=mtype, layer=layer, shapes=shapes, out_shape=out_shape,
+                    fusion_group=_fusion_group(name, op_class, mtype), tp_sharded=_tp_sharded(path, mtype), **kw)
+
+    def _append(self, raw: _Raw, outputs) -> None:
+        index = len(self.ops)
+        for producer, _ in raw.reads:
+            if producer is not None:
+                self.ops[producer].consumers.add(index)
+        self.ops.append(raw)
+        for t in outputs:
+            self._producer[t] = index
+
+    def record(self, name: str, op_class: str, unit: str, flops: float, inputs, outputs, *,
+               bytes_read: float | None = None, bytes_written: float | None = None, weight_bytes: float | None = None,
+               attention: AttentionWork | None = None, experts: ExpertsWork | None = None,
+               gemm: GemmShape | None = None, kv_cache_write: bool = False) -> None:
+        """Record one op that tracecost prices itself (attention core, routed experts, KV write)."""
+        inputs = [t for t in inputs if isinstance(t, torch.Tensor)]
+        outputs = [t for t in outputs if isinstance(t, torch.Tensor)]
+        reads, read_total, weights = self._reads(inputs)
+        raw = self._new_raw(name, op_class, "matrix" if op_class != OTHER else "vector", flops,
+                            dtype_name(inputs[0].dtype) if inputs else "bf16",
+                            tuple(tuple(t.shape) for t in inputs), tuple(outputs[0].shape) if outputs else (),
+                            reads=reads, attention=attention, experts=experts, gemm=gemm,
+                            kv_cache_write=kv_cache_write)
+        raw.bytes_read = read_total if bytes_read is None else bytes_read
+        raw.bytes_written = sum(tensor_bytes(t) for t in outputs) if bytes_written is None else bytes_written
+        raw.weight_bytes = weights if weight_bytes is None else weight_bytes
+        raw.fusion_group = None
+        self._append(raw, outputs)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self._suppress:
+            return out
+        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        name = op_formulas.op_base_name(func)
+        if op_formulas.is_view(func):
+            flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+            if flat_in:
+                producer = "param" if flat_in[0] in self._params else self._producer.get(flat_in[0])
+                for t in flat_out:
+                    if producer is not None:
+                        self._producer[t] = producer
+            return out
+        if name in op_formulas.FREE or name.startswith("_local_scalar"):
+            return out
+        work = op_formulas.work_for(func, args, kwargs, out)
+        if work is None:
+            self.unformulated[name] = self.unformulated.get(name, 0) + 1
+            return out
+        flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        writes_first_arg = bool(func._schema.arguments) and func._schema.arguments[0].alias_info is not None \
+            and func._schema.arguments[0].alias_info.is_write
+        if writes_first_arg and name in ("copy_", "fill_", "zero_", "index_put_", "masked_fill_", "slice_scatter"):
+            flat_in = flat_in[1:]  # the destination is written, not read
+        reads, read_total, weights = self._reads(flat_in)
+        if work.bytes_read is not None:
+            read_total = work.bytes_read
+        dtype = next((t.dtype for t in flat_out + flat_in if t.is_floating_point()), flat_out[0].dtype if flat_out
+                     else torch.float32)
+        raw = self._new_raw("aten." + name, work.op_class, work.unit, work.flops, dtype_name(dtype),
+                            tuple(tuple(t.shape) for t in flat_in), tuple(flat_out[0].shape) if flat_out else (),
+                            reads=reads, gemm=work.gemm)
+        raw.bytes_read = read_total
+        raw.bytes_written = sum(tensor_bytes(t) for t in flat_out)
+        raw.weight_bytes = weights
+        self._append(raw, flat_out)
+        return out
+
+    def __enter__(self):
+        _ACTIVE.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _ACTIVE.pop()
+        return super().__exit__(*exc)
+
+    # --- result ------------------------------------------------------------------------------------
+    def finish(self) -> list[Op]:
+        """Freeze ops, pricing each fused kernel (maximal run of fusable ops in one layer) by its boundary bytes."""
+        kernels: list[list[int]] = []
+        current: list[int] = []
+        scope = None
+        for i, raw in enumerate(self.ops):
+            this_scope = (raw.layer, raw.module if raw.layer is None else None)
+            if raw.fusion_group is not None and (not current or this_scope == scope):
+                current.append(i)
+                scope = this_scope
+                continue
+            if current:
+                kernels.append(current)
+            current, scope = ([i], this_scope) if raw.fusion_group is not None else ([], None)
+        if current:
+            kernels.append(current)
+
+        fused: dict[int, tuple[float, str]] = {}
+        for k, members in enumerate(kernels):
+            inside = set(members)
+            reads = {}
+            writes = 0.0
+            for i in members:
+                raw = self.ops[i]
+                for j, (producer, nbytes) in enumerate(raw.reads):
+                    if producer not in inside:
+                        reads[(producer, i, j) if producer is None else (producer, nbytes)] = nbytes
+                if not raw.consumers or raw.consumers - inside:
+                    if not raw.consumers and i != members[-1]:
+                        continue
+                    writes += raw.bytes_written
+            total = sum(reads.values()) + writes
+            # charge the kernel's bytes to its first op; the rest ride along for free
+            key = f"k{k}"
+            for n, i in enumerate(members):
+                fused[i] = (total if n == 0 else 0.0, key)
+
+        ops = []
+        for i, raw in enumerate(self.ops):
+            fb, key = fused.get(i, (None, None))
+            ops.append(Op(name=raw.name, op_class=raw.op_class, unit=raw.unit, flops=raw.flops,
+                          bytes_read=raw.bytes_read, bytes_written=raw.bytes_written, dtype=raw.dtype,
+                          module=raw.module, module_type=raw.module_type, shapes=raw.shapes, out_shape=raw.out_shape,
+                          layer=raw.layer, fusion_group=raw.fusion_group, weight_bytes=raw.weight_bytes,
+                          tp_sharded=raw.tp_sharded, gemm=raw.gemm, attention=raw.attention, experts=raw.experts,
+                          fused_bytes=fb, fusion_key=key, kv_cache_write=raw.kv_cache_write))
+        return ops
+
+
+__all__ = ["Recorder", "active_recorder", "ATTENTION", "GEMM", "OTHER", "FUSION_ROUTING"]

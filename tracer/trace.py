@@ -1,0 +1,131 @@
+"""Trace one forward step of a model for a request: the entry point of the tracer."""
+from __future__ import annotations
+
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import replace
+
+import torch
+
+from .build import DTYPE_BYTES, QUANTIZED_DTYPES, TORCH_DTYPES, BuiltModel, build_model
+from .kv_cache import MetaKVCache
+from .model_source import ModelError, ModelSpec, resolve_model
+from .recorder import Recorder
+from .work import GEMM, Op, Request, Trace, TraceOptions
+
+
+def validate(request: Request) -> None:
+    if request.num_queries < 1:
+        raise ValueError("num-queries must be >= 1")
+    if request.query_length < 1:
+        raise ValueError("query-length must be >= 1")
+    if request.context_length < 0:
+        raise ValueError("context-length must be >= 0")
+    if request.decode and request.query_length != 1:
+        raise ValueError("decode steps have query-length 1")
+
+
+def _active_params(model: torch.nn.Module, config) -> int:
+    """Parameters one token touches: routed experts count only for the k of E a token is sent to."""
+    top_k = getattr(config, "num_experts_per_tok", None)
+    inactive = 0
+    for module in model.modules():
+        if hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and module.down_proj.dim() == 3 and top_k:
+            n_exp = module.down_proj.shape[0]
+            expert_params = sum(p.numel() for p in module.parameters(recurse=False))
+            inactive += expert_params * (n_exp - min(top_k, n_exp)) // n_exp
+    return sum(p.numel() for p in model.parameters()) - inactive
+
+
+def _quantize_weights(ops: list[Op], dtype: str) -> list[Op]:
+    """Price GEMM weights (and the GEMM itself) at a narrower format; the graph does not change."""
+    scale = QUANTIZED_DTYPES[dtype] / 2.0
+    out = []
+    for op in ops:
+        if op.op_class == GEMM:
+            saved = op.weight_bytes * (1.0 - scale)
+            op = replace(op, dtype=dtype, weight_bytes=op.weight_bytes - saved, bytes_read=op.bytes_read - saved)
+        out.append(op)
+    return out
+
+
+_TRACE_CACHE: OrderedDict = OrderedDict()
+
+
+def trace(model: str | ModelSpec, request: Request, options: TraceOptions = TraceOptions()) -> Trace:
+    """Every op of one forward step, with exact work. Cached per (model, request, options)."""
+    spec = resolve_model(model) if isinstance(model, str) else model
+    validate(request)
+    build_dtype = options.dtype if options.dtype in TORCH_DTYPES else "bf16"
+    if options.dtype not in TORCH_DTYPES and options.dtype not in QUANTIZED_DTYPES:
+        raise ModelError(f"unknown dtype '{options.dtype}' (choose from {', '.join(DTYPE_BYTES)})")
+    kv_dtype = options.kv_cache_dtype or build_dtype
+    if kv_dtype not in DTYPE_BYTES:
+        raise ModelError(f"unknown kv-cache dtype '{kv_dtype}' (choose from {', '.join(DTYPE_BYTES)})")
+    key = (spec.name, id(spec.config) if isinstance(model, ModelSpec) else model, request, options)
+    if key in _TRACE_CACHE:
+        _TRACE_CACHE.move_to_end(key)
+        return _TRACE_CACHE[key]
+
+    start = time.perf_counter()
+    built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
+    ops = _run(built, request, kv_element_size=DTYPE_BYTES[kv_dtype], moe_imbalance=options.moe_imbalance,
+               model_name=spec.name)
+    if options.dtype in QUANTIZED_DTYPES:
+        ops = _quantize_weights(ops, options.dtype)
+    kv_written = sum(op.bytes_written * op.count for op in ops if op.kv_cache_write)
+    result = Trace(
+        model=spec.name, request=request, options=options, ops=ops, params=built.params,
+        active_params=_active_params(built.model, built.config), num_layers=built.num_layers,
+        kv_bytes_per_token=kv_written / max(1, request.tokens),
+        weight_bytes=built.params * DTYPE_BYTES[options.dtype], trace_seconds=time.perf_counter() - start,
+        unformulated=dict(_LAST_UNFORMULATED), notes=_notes(built, options))
+    _TRACE_CACHE[key] = result
+    while len(_TRACE_CACHE) > 512:
+        _TRACE_CACHE.popitem(last=False)
+    return result
+
+
+_LAST_UNFORMULATED: dict[str, int] = {}
+
+
+def _notes(built: BuiltModel, options: TraceOptions) -> list[str]:
+    notes = []
+    if built.mla_modules:
+        notes.append("MLA attention in the absorbed (serving engine) form: latent KV cache, attention in latent space"
+                     if options.mla_form == "absorbed" else
+                     "MLA attention as HF runs it: the latent cache is re-expanded through kv_b_proj every step")
+    if options.dtype in QUANTIZED_DTYPES:
+        notes.append(f"{options.dtype} weights priced on a bf16 trace: GEMM weight bytes scaled, activations bf16")
+    return notes
+
+
+def _run(built: BuiltModel, request: Request, kv_element_size: float, moe_imbalance: float, model_name: str) -> list[Op]:
+    batch, q_len, context = request.num_queries, request.query_length, request.context_length
+    recorder = Recorder(built.model)
+    recorder.context_length = context
+    recorder.kv_element_size = kv_element_size
+    recorder.moe_imbalance = moe_imbalance
+    with torch.device("meta"):
+        input_ids = torch.zeros(batch, q_len, dtype=torch.long)
+        positions = torch.arange(context, context + q_len).unsqueeze(0).expand(batch, -1)
+    cache = MetaKVCache(built.num_layers, context)
+    try:
+        with torch.no_grad(), recorder, warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            built.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                        logits_to_keep=0 if request.all_logits else 1)
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an unsupported model is a one-line error naming the module
+        where = recorder.module[0] or type(built.model).__name__
+        raise ModelError(f"{model_name}: tracing failed in module '{where}' ({recorder.module[1]}): "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    finally:
+        recorder.close()
+    _LAST_UNFORMULATED.clear()
+    _LAST_UNFORMULATED.update(recorder.unformulated)
+    ops = recorder.finish()
+    multiplicity = {group[0]: len(group) for group in built.layer_groups}
+    return [op.times(multiplicity.get(op.layer, 1)) if op.layer is not None else op for op in ops]
