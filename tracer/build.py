@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, compat, experts, mla
+from . import attention, compat, experts, mla  # noqa: F401
 from .model_source import ModelError, ModelSpec
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -85,9 +85,6 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
     if key in _BUILD_CACHE:
         _BUILD_CACHE.move_to_end(key)
         return _BUILD_CACHE[key]
-    compat.check_versions()
-    attention.register()
-    experts.register()
     from transformers import AutoModelForCausalLM
 
     config = make_config(spec, trust_remote_code)

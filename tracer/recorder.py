@@ -62,6 +62,7 @@ class _Raw:
     attention: AttentionWork | None = None
     experts: ExpertsWork | None = None
     kv_cache_write: bool = False
+    broadcast: bool = False
     consumers: set = field(default_factory=set)
 
 
@@ -105,6 +106,7 @@ class Recorder(TorchDispatchMode):
         self.context_length = 0
         self.kv_element_size = 2
         self.moe_imbalance = 1.0
+        self.pending_experts = None  # set by the experts implementation around HF's grouped_mm path
         for p in model.parameters():
             self._params[p] = True
         for name, mod in model.named_modules():
@@ -206,6 +208,9 @@ class Recorder(TorchDispatchMode):
             return out
         if name in op_formulas.FREE or name.startswith("_local_scalar"):
             return out
+        if name in ("_grouped_mm", "grouped_mm") and self.pending_experts is not None:
+            self._record_experts(args, flat_out)
+            return out
         work = op_formulas.work_for(func, args, kwargs, out)
         if work is None:
             self.unformulated[name] = self.unformulated.get(name, 0) + 1
@@ -226,8 +231,24 @@ class Recorder(TorchDispatchMode):
         raw.bytes_read = read_total
         raw.bytes_written = sum(tensor_bytes(t) for t in flat_out)
         raw.weight_bytes = weights
+        if flat_out and work.op_class == OTHER:
+            out_numel = flat_out[0].numel()
+            raw.broadcast = any(1 < t.numel() < out_numel for t in flat_in) and name not in op_formulas.REDUCTIONS
         self._append(raw, flat_out)
         return out
+
+    def _record_experts(self, args, outputs) -> None:
+        """HF's expert GEMMs: the first becomes the layer's expected-work op, the second is part of it."""
+        pending = self.pending_experts
+        if getattr(pending, "recorded", False):
+            for t in outputs:  # the down projection: its output comes from the experts op
+                self._producer[t] = len(self.ops) - 1
+            return
+        inputs = [a for a in args[:1] if isinstance(a, torch.Tensor)]
+        self.record("tracecost.moe_experts", GEMM, "matrix", pending.flops, inputs, outputs,
+                    bytes_read=pending.bytes_read, bytes_written=pending.bytes_written,
+                    weight_bytes=pending.weight_bytes, experts=pending.work, gemm=pending.gemm)
+        pending.recorded = True
 
     def __enter__(self):
         _ACTIVE.append(self)
@@ -283,7 +304,8 @@ class Recorder(TorchDispatchMode):
                           module=raw.module, module_type=raw.module_type, shapes=raw.shapes, out_shape=raw.out_shape,
                           layer=raw.layer, fusion_group=raw.fusion_group, weight_bytes=raw.weight_bytes,
                           tp_sharded=raw.tp_sharded, gemm=raw.gemm, attention=raw.attention, experts=raw.experts,
-                          fused_bytes=fb, fusion_key=key, kv_cache_write=raw.kv_cache_write))
+                          fused_bytes=fb, fusion_key=key, kv_cache_write=raw.kv_cache_write, broadcast=raw.broadcast,
+                          source=next((p for p, _ in raw.reads if p is not None), None)))
         return ops
 
 

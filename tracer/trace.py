@@ -53,6 +53,15 @@ def _quantize_weights(ops: list[Op], dtype: str) -> list[Op]:
 _TRACE_CACHE: OrderedDict = OrderedDict()
 
 
+def prepare() -> None:
+    """Version checks, imports and registrations: done once, outside the timed trace."""
+    from . import attention, compat, experts
+    compat.check_versions()
+    attention.register()
+    experts.register()
+    import transformers.models.auto.modeling_auto  # noqa: F401  (heavy import, not tracing work)
+
+
 def trace(model: str | ModelSpec, request: Request, options: TraceOptions = TraceOptions()) -> Trace:
     """Every op of one forward step, with exact work. Cached per (model, request, options)."""
     spec = resolve_model(model) if isinstance(model, str) else model
@@ -68,6 +77,7 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         _TRACE_CACHE.move_to_end(key)
         return _TRACE_CACHE[key]
 
+    prepare()
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
     ops = _run(built, request, kv_element_size=DTYPE_BYTES[kv_dtype], moe_imbalance=options.moe_imbalance,
@@ -80,6 +90,7 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         active_params=_active_params(built.model, built.config), num_layers=built.num_layers,
         kv_bytes_per_token=kv_written / max(1, request.tokens),
         weight_bytes=built.params * DTYPE_BYTES[options.dtype], trace_seconds=time.perf_counter() - start,
+        kv_element_size=DTYPE_BYTES[kv_dtype], hidden_size=_hidden_size(built.config),
         unformulated=dict(_LAST_UNFORMULATED), notes=_notes(built, options))
     _TRACE_CACHE[key] = result
     while len(_TRACE_CACHE) > 512:
@@ -88,6 +99,11 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
 
 
 _LAST_UNFORMULATED: dict[str, int] = {}
+
+
+def _hidden_size(config) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "hidden_size", 0) or 0)
 
 
 def _notes(built: BuiltModel, options: TraceOptions) -> list[str]:

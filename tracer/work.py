@@ -84,6 +84,8 @@ class Op:
     # instance key of the fused kernel this op belongs to (layer, module instance, group)
     fusion_key: str | None = None
     kv_cache_write: bool = False
+    broadcast: bool = False    # an input is broadcast to the output shape (no vectorized fast path)
+    source: int | None = None  # index of the op that produced the first activation input (GEMM merging)
 
     @property
     def bytes(self) -> float:
@@ -133,6 +135,8 @@ class Trace:
     kv_bytes_per_token: float      # whole model, all layers, at the KV cache dtype
     weight_bytes: float            # all parameters at the weight dtype
     trace_seconds: float = 0.0
+    kv_element_size: float = 2.0
+    hidden_size: int = 0
     unformulated: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 

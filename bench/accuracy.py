@@ -1,0 +1,72 @@
+"""Prediction vs measurement for every scenario of a measurement set (default: the H200 calibration set).
+
+    python bench/accuracy.py [../shared/measurements/h200] [--device h200] [--markdown]
+
+Prints per scenario the predicted and measured GEMM, attention and eager total kernel time, then
+the median and max absolute % error per class and phase.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cost.calibrate import load_scenarios, predict_ms  # noqa: E402
+from cost.profile import load_profile  # noqa: E402
+from tracer.table import format_table  # noqa: E402
+
+CLASSES = ("gemm", "attention", "total")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("measurements", nargs="?", default=str(Path(__file__).resolve().parent.parent.parent
+                                                          / "shared" / "measurements" / "h200"))
+    p.add_argument("--device", default="h200")
+    p.add_argument("--markdown", action="store_true", help="tables as Markdown, for the README")
+    args = p.parse_args(argv)
+    hw = load_profile(args.device)
+    scenarios = load_scenarios(Path(args.measurements))
+    rows, errors = [], {}
+    for s in scenarios:
+        pred = predict_ms(s, hw)
+        row = [s.model, s.phase, s.batch, s.query, s.context]
+        for c in CLASSES:
+            err = (pred[c] / s.measured_ms[c] - 1) * 100
+            errors.setdefault((c, s.phase), []).append(abs(err))
+            row += [f"{pred[c]:.2f}", f"{s.measured_ms[c]:.2f}", f"{err:+.1f}%"]
+        rows.append(row)
+    headers = ["model", "phase", "batch", "query", "context"]
+    for c in CLASSES:
+        label = "eager total" if c == "total" else c
+        headers += [f"{label} pred ms", "meas ms", "err"]
+    summary = []
+    for c in CLASSES:
+        for phase in ("prefill", "decode"):
+            e = errors.get((c, phase), [])
+            if e:
+                summary.append([("eager total" if c == "total" else c), phase, len(e), f"{statistics.median(e):.1f}%",
+                                f"{max(e):.1f}%"])
+        allc = errors.get((c, "prefill"), []) + errors.get((c, "decode"), [])
+        summary.append([("eager total" if c == "total" else c), "all", len(allc), f"{statistics.median(allc):.1f}%",
+                        f"{max(allc):.1f}%"])
+    sheaders = ["class", "phase", "scenarios", "median |err|", "max |err|"]
+    if args.markdown:
+        def md(h, r):
+            return "\n".join(["| " + " | ".join(map(str, h)) + " |", "|" + "---|" * len(h)] +
+                             ["| " + " | ".join(map(str, x)) + " |" for x in r])
+        print(md(sheaders, summary))
+        print()
+        print(md(headers, rows))
+    else:
+        print(format_table(headers, rows, title=f"{hw.name}: predicted vs measured kernel time ({args.measurements})"))
+        print()
+        print(format_table(sheaders, summary, title="absolute % error"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

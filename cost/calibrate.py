@@ -1,0 +1,224 @@
+"""Fit a profile's efficiency parameters to measured kernel times, and write them into the profile.
+
+    python -m cost.calibrate ../shared/measurements/h200 [--profile h200] [--dry-run]
+
+Each parameter group is fitted on the measurements that depend on it, with the others fixed:
+dense GEMMs on the dense models' GEMM time and the large-M microbenchmarks, grouped (MoE) GEMMs
+on the MoE model's GEMM time, attention on every scenario's attention time, and the
+elementwise stream on the rest. The objective is the squared log error, so a 10% miss on a
+1 ms kernel counts as much as on a 100 ms one. Few parameters, each a physical quantity
+(fraction of peak, fixed latency), so the fit cannot memorize the points.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tracer.model_source import ModelSpec
+from tracer.trace import trace
+from tracer.work import ATTENTION, GEMM, OTHER, GemmShape, Request
+
+from .estimate import price_kernel
+from .execution import EAGER, build_kernels
+from .kernels import gemm_time
+from .profile import Efficiency, HardwareProfile, load_profile, profiles_dir
+
+MEASURED_OTHER = ("elementwise", "copy", "reduce_index")
+
+
+@dataclass
+class Scenario:
+    model: str
+    phase: str
+    batch: int
+    query: int
+    context: int
+    measured_ms: dict[str, float]     # gemm, attention, other, total
+    kernels: list                     # unique kernels with their launch counts
+
+
+def load_scenarios(directory: Path, progress=None) -> list[Scenario]:
+    configs = json.loads((directory / "model_configs.json").read_text())
+    raw = json.loads((directory / "scenarios.json").read_text())["scenarios"]
+    out = []
+    for i, s in enumerate(raw):
+        if "error" in s or "by_class_ms" not in s:
+            continue
+        spec = ModelSpec(s["model"], configs[s["model"]], str(directory))
+        request = Request(s["batch"], s["query"], s["context"], decode=s["phase"] == "decode")
+        kernels = build_kernels(trace(spec, request), EAGER)
+        unique: dict = {}
+        for k in kernels:
+            key = (k.name, k.op_class, k.flops, k.bytes, k.dtype, k.gemm, k.masked, k.broadcast,
+                   k.op.attention if k.op else None, k.op.experts if k.op else None)
+            if key in unique:
+                unique[key] = replace(unique[key], count=unique[key].count + k.count)
+            else:
+                unique[key] = k
+        by = s["by_class_ms"]
+        measured = {GEMM: by["gemm"], ATTENTION: by["attention"],
+                    OTHER: sum(by.get(c, 0.0) for c in MEASURED_OTHER), "total": s["gpu_kernel_ms"]}
+        out.append(Scenario(s["model"], s["phase"], s["batch"], s["query"], s["context"], measured, list(unique.values())))
+        if progress:
+            progress(i + 1, len(raw))
+    return out
+
+
+def predict_ms(scenario: Scenario, hw: HardwareProfile) -> dict[str, float]:
+    pred = {GEMM: 0.0, ATTENTION: 0.0, OTHER: 0.0}
+    for k in scenario.kernels:
+        pred[k.op_class] += price_kernel(k, hw).seconds * k.count * 1e3
+    pred["total"] = sum(pred.values())
+    return pred
+
+
+def nelder_mead(f, x0: list[float], steps: list[float], iterations: int = 250) -> list[float]:
+    """Minimize f from x0: plain Nelder-Mead, enough for a handful of smooth parameters."""
+    simplex = [list(x0)] + [[x + (s if i == j else 0.0) for j, x in enumerate(x0)] for i, s in enumerate(steps)]
+    values = [f(x) for x in simplex]
+    for _ in range(iterations):
+        order = sorted(range(len(simplex)), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centroid = [sum(p[j] for p in simplex[:-1]) / (len(simplex) - 1) for j in range(len(x0))]
+        worst = simplex[-1]
+        reflect = [c + (c - w) for c, w in zip(centroid, worst)]
+        fr = f(reflect)
+        if fr < values[0]:
+            expand = [c + 2 * (c - w) for c, w in zip(centroid, worst)]
+            fe = f(expand)
+            simplex[-1], values[-1] = (expand, fe) if fe < fr else (reflect, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflect, fr
+        else:
+            contract = [c + 0.5 * (w - c) for c, w in zip(centroid, worst)]
+            fc = f(contract)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contract, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [[b + 0.5 * (p - b) for b, p in zip(best, q)] for q in simplex[1:]]
+                values = [values[0]] + [f(p) for p in simplex[1:]]
+    return simplex[min(range(len(simplex)), key=values.__getitem__)]
+
+
+def _log_error(pred: float, meas: float, delta: float = 0.2) -> float:
+    """Huber loss on the log ratio: a single anomalous measurement cannot drag the whole fit."""
+    if meas <= 0:
+        return 0.0
+    r = abs(math.log(max(pred, 1e-9) / meas))
+    return r * r if r <= delta else delta * (2 * r - delta)
+
+
+class Fitter:
+    def __init__(self, hw: HardwareProfile, scenarios: list[Scenario], microbench: dict):
+        self.hw, self.scenarios = hw, scenarios
+        self.microbench = microbench
+        self.linear = [m for m in microbench.get("bf16_linear", []) if m["m"] >= 512]
+
+    def with_eff(self, **sections) -> HardwareProfile:
+        return replace(self.hw, efficiency=replace(self.hw.efficiency, **sections))
+
+    def _fit(self, section: str, names: list[str], objective, bounds: dict) -> None:
+        base = getattr(self.hw.efficiency, section)
+
+        def params(x):
+            values = {}
+            for n, v in zip(names, x):
+                lo, hi = bounds[n]
+                values[n] = lo + (hi - lo) / (1 + math.exp(-v))  # keep every parameter in its physical range
+            return replace(base, **values)
+
+        def inverse(n):
+            lo, hi = bounds[n]
+            y = min(max((getattr(base, n) - lo) / (hi - lo), 1e-3), 1 - 1e-3)
+            return math.log(y / (1 - y))
+
+        best = nelder_mead(lambda x: objective(self.with_eff(**{section: params(x)})),
+                           [inverse(n) for n in names], [0.5] * len(names))
+        self.hw = self.with_eff(**{section: params(best)})
+
+    def gemm_objective(self, hw: HardwareProfile) -> float:
+        err = 0.0
+        for s in self.scenarios:
+            if s.model in self.moe_models:
+                continue
+            err += _log_error(predict_ms(s, hw)[GEMM], s.measured_ms[GEMM])
+        for m in self.linear:
+            shape = GemmShape(m["m"], m["n"], m["k"])
+            t = gemm_time(2.0 * m["m"] * m["n"] * m["k"], 2.0 * (m["m"] * m["k"] + m["k"] * m["n"] + m["m"] * m["n"]),
+                          shape, "bf16", hw).seconds + self.launch_gap_s
+            err += _log_error(t, m["s"])
+        return err
+
+    def class_objective(self, op_class: str, models=None):
+        def f(hw: HardwareProfile) -> float:
+            return sum(_log_error(predict_ms(s, hw)[op_class], s.measured_ms[op_class])
+                       for s in self.scenarios if models is None or s.model in models)
+        return f
+
+    def run(self) -> HardwareProfile:
+        # no kernel streams memory faster than a device-to-device copy: that measured ratio caps every memory fit
+        copies = [c["gbps"] for c in self.microbench.get("device_copy", [])]
+        COPY_CEILING = min(0.95, max(copies) / self.hw.memory_bandwidth_gbps) if copies else 0.9  # noqa: N806
+        self.moe_models = {s.model for s in self.scenarios if any(k.op and k.op.experts for k in s.kernels)}
+        # microbenchmarks time one call with CUDA events, which includes the launch gap the profiler excludes
+        self.launch_gap_s = min(m["s"] for m in self.linear) * 0.25 if self.linear else 0.0
+        self._fit("gemm", ["compute", "memory", "fixed_us", "smoothness"], self.gemm_objective,
+                  {"compute": (0.3, 1.0), "memory": (0.3, COPY_CEILING), "fixed_us": (0.5, 20.0), "smoothness": (1.5, 8.0)})
+        if self.moe_models:
+            self._fit("grouped_gemm", ["compute", "memory", "fixed_us"], self.class_objective(GEMM, self.moe_models),
+                      {"compute": (0.2, 1.0), "memory": (0.2, COPY_CEILING), "fixed_us": (0.5, 40.0)})
+        self._fit("attention", ["compute", "masked_compute", "memory", "fixed_us"], self.class_objective(ATTENTION),
+                  {"compute": (0.1, 1.0), "masked_compute": (0.05, 1.0), "memory": (0.3, COPY_CEILING), "fixed_us": (0.5, 20.0)})
+        self._fit("elementwise", ["memory", "fixed_us", "broadcast_memory"], self.class_objective(OTHER),
+                  {"memory": (0.2, COPY_CEILING), "fixed_us": (0.2, 10.0), "broadcast_memory": (0.1, COPY_CEILING)})
+        return self.hw
+
+
+def efficiency_json(eff: Efficiency, origin: str) -> dict:
+    def rounded(section):
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in section.__dict__.items()}
+    return {"origin": origin, "gemm": rounded(eff.gemm), "grouped_gemm": rounded(eff.grouped_gemm),
+            "attention": rounded(eff.attention), "elementwise": rounded(eff.elementwise),
+            "communication": eff.communication}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cost.calibrate", description=__doc__.split("\n")[0])
+    p.add_argument("measurements", help="folder with microbench.json, scenarios.json and model_configs.json")
+    p.add_argument("--profile", default="h200", help="bundled profile to fit and rewrite (default h200)")
+    p.add_argument("--dry-run", action="store_true", help="print the fit, do not write the profile")
+    args = p.parse_args(argv)
+    directory = Path(args.measurements)
+    for name in ("microbench.json", "scenarios.json", "model_configs.json"):
+        if not (directory / name).is_file():
+            print(f"error: {directory / name} not found", file=sys.stderr)
+            return 2
+    hw = load_profile(args.profile)
+
+    def progress(i, n):
+        print(f"\rtracing scenarios {i}/{n}", end="", file=sys.stderr, flush=True)
+
+    scenarios = load_scenarios(directory, progress)
+    print(file=sys.stderr)
+    microbench = json.loads((directory / "microbench.json").read_text())
+    fitted = Fitter(hw, scenarios, microbench).run()
+    origin = (f"fitted by python -m cost.calibrate on {directory.name} ({len(scenarios)} scenarios, "
+              f"{len(microbench.get('bf16_linear', []))} GEMM microbenchmarks)")
+    eff = efficiency_json(fitted.efficiency, origin)
+    print(json.dumps(eff, indent=1))
+    if not args.dry_run:
+        path = profiles_dir() / f"{hw.key}.json"
+        data = json.loads(path.read_text())
+        data["efficiency"] = eff
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

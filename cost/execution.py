@@ -1,0 +1,110 @@
+"""From traced ops to the kernels an executor launches: HF eager (one kernel per op) or a serving engine.
+
+Engine execution (vLLM / SGLang / TensorRT-LLM): one GEMM for q/k/v and for gate/up (GEMMs that read
+the same input with the same K merge), flash attention for every prefill including over a cached
+prefix, and the norm / rotary / activation / residual / cast ops of a layer fused into one kernel
+each, priced by the bytes that cross the fused kernel's boundary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tracer.attention import attention_bytes, attention_flops
+from tracer.work import ATTENTION, GEMM, OTHER, GemmShape, Op, Trace
+
+ENGINE, EAGER = "engine", "eager"
+EXECUTIONS = (ENGINE, EAGER)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    op_class: str            # gemm | attention | other | communication
+    module: str
+    flops: float
+    bytes: float
+    dtype: str
+    count: int
+    gemm: GemmShape | None = None
+    op: Op | None = None     # the traced op (first one for merged or fused kernels)
+    masked: bool = False     # attention over a cached prefix through an explicit-bias kernel
+    ops: int = 1             # traced ops this kernel stands for
+    broadcast: bool = False  # unfused elementwise kernel with a broadcast input
+
+
+def _shard_op(op: Op, tp: int, ep: int, act_bytes: int, kv_bytes: float) -> Op:
+    """The part of an op one rank runs under tensor (and expert) parallelism."""
+    if op.experts is not None:
+        ways = ep if ep > 1 else tp
+        if ways == 1:
+            return op
+        w = op.experts
+        experts = replace(w, active_experts=w.active_experts / ep if ep > 1 else w.active_experts,
+                          intermediate_size=w.intermediate_size // (1 if ep > 1 else tp),
+                          tokens=w.tokens if ep == 1 else w.tokens)
+        return replace(op, experts=experts, flops=op.flops / ways, bytes_read=op.bytes_read / ways,
+                       bytes_written=op.bytes_written / ways, weight_bytes=op.weight_bytes / ways)
+    if tp == 1 or not op.tp_sharded:
+        return op
+    if op.attention is not None:
+        w = op.attention
+        sharded = replace(w, heads=max(1, w.heads // tp), kv_heads=max(1, w.kv_heads // tp))
+        read, written = attention_bytes(sharded, act_bytes, kv_bytes)
+        return replace(op, attention=sharded, flops=attention_flops(sharded), bytes_read=read, bytes_written=written)
+    gemm = op.gemm
+    if gemm is not None:
+        gemm = replace(gemm, n=max(1, gemm.n // tp))
+    return replace(op, gemm=gemm, flops=op.flops / tp, bytes_read=op.bytes_read / tp,
+                   bytes_written=op.bytes_written / tp, weight_bytes=op.weight_bytes / tp,
+                   fused_bytes=None if op.fused_bytes is None else op.fused_bytes / tp)
+
+
+def _eager_kernels(ops: list[Op], masked_attention: bool) -> list[Kernel]:
+    return [Kernel(name=op.name, op_class=op.op_class, module=op.module, flops=op.flops, bytes=op.bytes, dtype=op.dtype,
+                   count=op.count, gemm=op.gemm, op=op, masked=masked_attention and op.attention is not None,
+                   broadcast=op.broadcast)
+            for op in ops]
+
+
+def _engine_kernels(ops: list[Op]) -> list[Kernel]:
+    kernels: list[Kernel] = []
+    fused_seen: set[str] = set()
+    for op in ops:
+        if op.op_class == OTHER and op.fusion_key is not None:
+            if op.fusion_key in fused_seen:
+                prev = kernels[-1] if kernels and kernels[-1].name == "fused" else None
+                if prev is not None:
+                    kernels[-1] = replace(prev, flops=prev.flops + op.flops, ops=prev.ops + 1)
+                continue
+            fused_seen.add(op.fusion_key)
+            kernels.append(Kernel(name="fused", op_class=OTHER, module=op.module, flops=op.flops,
+                                  bytes=op.fused_bytes if op.fused_bytes is not None else op.bytes, dtype=op.dtype,
+                                  count=op.count, op=op, ops=1))
+            continue
+        prev = kernels[-1] if kernels else None
+        if (op.op_class == GEMM and op.gemm is not None and op.experts is None and prev is not None
+                and prev.op_class == GEMM and prev.op is not None and prev.op.experts is None and prev.gemm is not None
+                and prev.op.source == op.source and op.source is not None and prev.gemm.k == op.gemm.k
+                and prev.gemm.m == op.gemm.m and prev.count == op.count and prev.op.layer == op.layer):
+            shared_input = op.gemm.m * op.gemm.k * (op.bytes_written / max(1, op.gemm.m * op.gemm.n))
+            kernels[-1] = replace(prev, name=prev.name + "+merged", flops=prev.flops + op.flops,
+                                  bytes=prev.bytes + op.bytes - shared_input,
+                                  gemm=replace(prev.gemm, n=prev.gemm.n + op.gemm.n), ops=prev.ops + 1)
+            continue
+        kernels.append(Kernel(name=op.name, op_class=op.op_class, module=op.module, flops=op.flops, bytes=op.bytes,
+                              dtype=op.dtype, count=op.count, gemm=op.gemm, op=op))
+    return kernels
+
+
+def build_kernels(trace: Trace, execution: str, tp: int = 1, ep: int = 1, act_bytes: int = 2) -> list[Kernel]:
+    if execution not in EXECUTIONS:
+        raise ValueError(f"unknown execution '{execution}' (choose from {', '.join(EXECUTIONS)})")
+    kv_bytes = trace.kv_element_size
+    ops = [_shard_op(op, tp, ep, act_bytes, kv_bytes) for op in trace.ops]
+    if execution == EAGER:
+        request = trace.request
+        return _eager_kernels(ops, masked_attention=request.context_length > 0 and request.query_length > 1)
+    return _engine_kernels(ops)
+
+
+__all__ = ["ATTENTION", "EAGER", "ENGINE", "EXECUTIONS", "GEMM", "Kernel", "OTHER", "build_kernels"]

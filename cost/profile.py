@@ -1,0 +1,197 @@
+"""Hardware profiles: one JSON file per accelerator in hw_profiles/, every number with its source."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be found or is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class GemmEfficiency:
+    compute: float          # fraction of the datasheet matrix peak a large GEMM reaches
+    memory: float           # fraction of the datasheet bandwidth a weight-streaming GEMM reaches
+    fixed_us: float         # per-kernel ramp/tail latency
+    tile_m: int = 128
+    tile_n: int = 256
+    smoothness: float = 3.0  # p of the soft roofline max (t_c^p + t_m^p)^(1/p)
+
+
+@dataclass(frozen=True)
+class AttentionEfficiency:
+    compute: float          # flash attention, fraction of matrix peak per busy compute unit
+    masked_compute: float   # eager prefill over a cached prefix (SDPA with an explicit bias)
+    memory: float           # decode: fraction of bandwidth reading the KV cache
+    fixed_us: float
+    tile_q: int = 128
+    tile_k: int = 128
+
+
+@dataclass(frozen=True)
+class StreamEfficiency:
+    memory: float           # elementwise / copy / reduction kernels
+    fixed_us: float
+    broadcast_memory: float = 0.5  # elementwise kernels with a broadcast input (no vectorized path)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    gemm: GemmEfficiency
+    grouped_gemm: GemmEfficiency
+    attention: AttentionEfficiency
+    elementwise: StreamEfficiency
+    communication: float    # fraction of interconnect bandwidth a collective reaches
+    origin: str             # "fitted on ..." or "carried over from ..."
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    key: str
+    name: str
+    aliases: tuple[str, ...]
+    vendor: str
+    compute_units: int
+    matrix_tflops: dict[str, float]
+    vector_tflops: dict[str, float]
+    memory_bandwidth_gbps: float
+    memory_capacity_gb: float
+    interconnect_name: str
+    interconnect_bandwidth_gbps: float
+    interconnect_latency_us: float
+    host_link_name: str
+    host_link_bandwidth_gbps: float
+    kernel_launch_us: float
+    efficiency: Efficiency
+    sources: dict[str, str] = field(default_factory=dict)
+    path: str = ""
+
+    def matrix_peak(self, dtype: str) -> float:
+        """FLOP/s of the matrix units for dtype; a dtype the chip lacks is an error, never zero."""
+        if dtype not in self.matrix_tflops:
+            raise ProfileError(f"{self.name} has no native {dtype} matrix support "
+                               f"(supported: {', '.join(sorted(self.matrix_tflops))})")
+        return self.matrix_tflops[dtype] * 1e12
+
+    def vector_peak(self, dtype: str) -> float:
+        return self.vector_tflops.get(dtype, self.vector_tflops.get("fp32", 1.0)) * 1e12
+
+    @property
+    def bandwidth(self) -> float:
+        return self.memory_bandwidth_gbps * 1e9
+
+
+def profiles_dir() -> Path:
+    return Path(str(resources.files("hw_profiles")))
+
+
+def _require(data: dict, path: str, kind: type, where: str):
+    value = data
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ProfileError(f"{where}: missing field '{path}'")
+        value = value[part]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is float and value <= 0):
+        raise ProfileError(f"{where}: field '{path}' must be a positive number" if kind is float
+                           else f"{where}: field '{path}' must be a {kind.__name__}")
+    return value
+
+
+def _rates(data: dict, name: str, where: str) -> dict[str, float]:
+    rates = _require(data, name, dict, where)
+    for dtype, value in rates.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ProfileError(f"{where}: field '{name}.{dtype}' must be a positive number")
+    return {k: float(v) for k, v in rates.items()}
+
+
+def _efficiency(data: dict, where: str, seen: tuple = ()) -> Efficiency:
+    eff = data.get("efficiency")
+    if eff is None or "from" in eff:
+        base = (eff or {}).get("from", "h200")
+        if base in seen:
+            raise ProfileError(f"{where}: efficiency 'from' loops through {base}")
+        parent = load_profile(base, seen + (base,))
+        return Efficiency(**{**parent.efficiency.__dict__, "origin": f"carried over from the {parent.name} fit"})
+
+    def section(name, cls):
+        body = _require(eff, name, dict, where)
+        try:
+            return cls(**body)
+        except TypeError as e:
+            raise ProfileError(f"{where}: field 'efficiency.{name}': {e}") from None
+
+    return Efficiency(gemm=section("gemm", GemmEfficiency), grouped_gemm=section("grouped_gemm", GemmEfficiency),
+                      attention=section("attention", AttentionEfficiency),
+                      elementwise=section("elementwise", StreamEfficiency),
+                      communication=_require(eff, "communication", float, where),
+                      origin=eff.get("origin", "fitted"))
+
+
+def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> HardwareProfile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: a profile is a JSON object")
+    return HardwareProfile(
+        key=key, name=_require(data, "name", str, where), aliases=tuple(data.get("aliases", [])),
+        vendor=data.get("vendor", ""), compute_units=int(_require(data, "compute_units", int, where)),
+        matrix_tflops=_rates(data, "matrix_tflops", where), vector_tflops=_rates(data, "vector_tflops", where),
+        memory_bandwidth_gbps=_require(data, "memory.bandwidth_gbps", float, where),
+        memory_capacity_gb=_require(data, "memory.capacity_gb", float, where),
+        interconnect_name=data.get("interconnect", {}).get("name", ""),
+        interconnect_bandwidth_gbps=_require(data, "interconnect.bandwidth_gbps", float, where),
+        interconnect_latency_us=_require(data, "interconnect.latency_us", float, where),
+        host_link_name=data.get("host_link", {}).get("name", ""),
+        host_link_bandwidth_gbps=_require(data, "host_link.bandwidth_gbps", float, where),
+        kernel_launch_us=_require(data, "kernel_launch_us", float, where),
+        efficiency=_efficiency(data, where, seen), sources=data.get("sources", {}), path=where)
+
+
+def _bundled_keys() -> dict[str, str]:
+    """alias -> file key for every bundled profile."""
+    keys = {}
+    for path in sorted(profiles_dir().glob("*.json")):
+        keys[path.stem.lower()] = path.stem
+        try:
+            for alias in json.loads(path.read_text()).get("aliases", []):
+                keys[alias.lower()] = path.stem
+        except json.JSONDecodeError:
+            continue
+    return keys
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in profiles_dir().glob("*.json"))
+
+
+_CACHE: dict[str, HardwareProfile] = {}
+
+
+def load_profile(device: str, seen: tuple = ()) -> HardwareProfile:
+    """A bundled profile by name or alias (case-insensitive), or a path to a profile JSON."""
+    if device in _CACHE:
+        return _CACHE[device]
+    path = Path(device).expanduser()
+    if device.endswith(".json") or path.is_file():
+        if not path.is_file():
+            raise ProfileError(f"profile file {device} not found")
+        key, where = path.stem, str(path)
+    else:
+        keys = _bundled_keys()
+        if device.lower() not in keys:
+            raise ProfileError(f"unknown device '{device}' (bundled: {', '.join(profile_names())}; "
+                               f"or pass a profile .json path)")
+        key = keys[device.lower()]
+        path = profiles_dir() / f"{key}.json"
+        where = f"hw_profiles/{key}.json"
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{where}: not valid JSON ({e})") from None
+    profile = parse_profile(data, key, where, seen)
+    _CACHE[device] = profile
+    return profile
