@@ -172,8 +172,10 @@ class Fitter:
         if self.moe_models:
             self._fit("grouped_gemm", ["compute", "memory", "fixed_us"], self.class_objective(GEMM, self.moe_models),
                       {"compute": (0.2, 1.0), "memory": (0.2, COPY_CEILING), "fixed_us": (0.5, 40.0)})
-        self._fit("attention", ["compute", "masked_compute", "memory", "fixed_us"], self.class_objective(ATTENTION),
-                  {"compute": (0.1, 1.0), "masked_compute": (0.05, 1.0), "memory": (0.3, COPY_CEILING), "fixed_us": (0.5, 20.0)})
+        self._fit("attention", ["compute", "masked_compute", "memory", "fixed_us", "softmax_ops"],
+                  self.class_objective(ATTENTION),
+                  {"compute": (0.1, 1.0), "masked_compute": (0.05, 1.0), "memory": (0.3, COPY_CEILING),
+                   "fixed_us": (0.5, 20.0), "softmax_ops": (0.01, 32.0)})
         self._fit("elementwise", ["memory", "fixed_us", "broadcast_memory"], self.class_objective(OTHER),
                   {"memory": (0.2, COPY_CEILING), "fixed_us": (0.2, 10.0), "broadcast_memory": (0.1, COPY_CEILING)})
         return self.hw

@@ -87,7 +87,7 @@ def _engine_kernels(ops: list[Op]) -> list[Kernel]:
                 and prev.op.source == op.source and op.source is not None and prev.gemm.k == op.gemm.k
                 and prev.gemm.m == op.gemm.m and prev.count == op.count and prev.op.layer == op.layer):
             shared_input = op.gemm.m * op.gemm.k * (op.bytes_written / max(1, op.gemm.m * op.gemm.n))
-            kernels[-1] = replace(prev, name=prev.name + "+merged", flops=prev.flops + op.flops,
+            kernels[-1] = replace(prev, name="merged_gemm", flops=prev.flops + op.flops,
                                   bytes=prev.bytes + op.bytes - shared_input,
                                   gemm=replace(prev.gemm, n=prev.gemm.n + op.gemm.n), ops=prev.ops + 1)
             continue

@@ -108,7 +108,10 @@ def attention_time(flops: float, nbytes: float, w: AttentionWork, dtype: str, hw
         split = max(1, hw.compute_units // ctas)
         makespan = max(per_head * w.batch * w.heads / hw.compute_units, longest / split)
         tile_flops = 2.0 * eff.tile_q * eff.tile_k * (w.qk_head_dim + w.v_head_dim)
-        compute = makespan * tile_flops / (hw.matrix_peak(dtype) / hw.compute_units * efficiency)
+        per_unit_matrix = hw.matrix_peak(dtype) / hw.compute_units * efficiency
+        per_unit_vector = hw.vector_peak("fp32") / hw.compute_units
+        tile_seconds = tile_flops / per_unit_matrix + eff.tile_q * eff.tile_k * eff.softmax_ops / per_unit_vector
+        compute = makespan * tile_seconds
     return KernelTime(max(compute, memory) + fixed, compute, memory, fixed)
 
 

@@ -29,6 +29,7 @@ class AttentionEfficiency:
     fixed_us: float
     tile_q: int = 128
     tile_k: int = 128
+    softmax_ops: float = 0.0  # vector ops per score (exp, max, sum, scale): costs the same for any head dim
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Trace one forward step of a model for a request: the entry point of the tracer."""
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections import OrderedDict
@@ -72,7 +73,7 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     kv_dtype = options.kv_cache_dtype or build_dtype
     if kv_dtype not in DTYPE_BYTES:
         raise ModelError(f"unknown kv-cache dtype '{kv_dtype}' (choose from {', '.join(DTYPE_BYTES)})")
-    key = (spec.name, id(spec.config) if isinstance(model, ModelSpec) else model, request, options)
+    key = (spec.name, json.dumps(spec.config, sort_keys=True), request, options)
     if key in _TRACE_CACHE:
         _TRACE_CACHE.move_to_end(key)
         return _TRACE_CACHE[key]

@@ -1,0 +1,207 @@
+"""Latency of one prefill (TTFT) or decode step (TPOT) of a model on a device, with prefix caching.
+
+    python -m cli.inference.text_generate MODEL --device DEVICE --num-queries B --query-length Q
+        [--context-length C] [--decode] [--prefix-cache-hit-rate H] [--tp-size N] [--json]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+from cost.estimate import BREAKDOWN_CLASSES, Estimate, Parallelism, estimate
+from cost.kernels import COMPUTE, MEMORY, OVERHEAD
+from cost.profile import HardwareProfile, load_profile
+from tracer.model_source import resolve_model
+from tracer.table import format_table, human
+from tracer.trace import trace
+from tracer.work import Trace
+
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, positive_int, run_main,
+                      trace_options, warn)
+from .config import RequestInfo, UserInputConfig
+from .memory import MemoryEstimate, estimate_memory
+
+MEMORY_NOTE = ("KV memory covers the request's seq_len; resident prefix-cache memory beyond it is not modelled "
+               "(RFC 5.3)")
+
+
+@dataclass
+class Result:
+    model: str
+    hw: HardwareProfile
+    config: UserInputConfig
+    info: RequestInfo
+    trace: Trace
+    estimate: Estimate
+    memory: MemoryEstimate
+
+    @property
+    def phase(self) -> str:
+        return "decode" if self.info.decode else "prefill"
+
+    @property
+    def throughput(self) -> float:
+        """Prefill: prompt tokens served per second (cache hits included); decode: tokens generated per second."""
+        tokens = self.info.num_queries * (1 if self.info.decode else self.config.query_length)
+        return tokens / self.estimate.latency_s
+
+    def as_json(self) -> dict:
+        e, info = self.estimate, self.info
+        return {
+            "model": self.model, "device": self.hw.name, "phase": self.phase, "execution": e.execution,
+            "tp_size": e.parallelism.tp, "ep_size": e.parallelism.ep, "dtype": self.trace.options.dtype,
+            "request": {"num_queries": info.num_queries, "query_length": info.query_len,
+                        "context_length": info.context_len, "seq_len": info.seq_len,
+                        "prefix_cache_hit_rate": self.config.prefix_cache_hit_rate if self.config.hit_rate_applies
+                        else 0.0, "cached_tokens": info.cached_tokens,
+                        "original_query_length": self.config.query_length,
+                        "original_context_length": self.config.context_length},
+            "latency_ms": e.latency_s * 1e3,
+            "breakdown_ms": {c: e.breakdown_s[c] * 1e3 for c in BREAKDOWN_CLASSES},
+            "bound_ms": {b: e.bound_s[b] * 1e3 for b in (COMPUTE, MEMORY, OVERHEAD)},
+            "flops": e.flops, "bytes": e.bytes, "num_kernels": e.num_kernels,
+            "throughput_tokens_per_s": self.throughput,
+            "memory_gb": self.memory.as_gb(), "fits_in_memory": self.memory.fits,
+            "top_ops": [{"name": n, "class": c, "ms": s * 1e3, "launches": k} for n, c, s, k in e.top(10)],
+            "notes": self.trace.notes + [MEMORY_NOTE, f"efficiency: {self.hw.efficiency.origin}"],
+        }
+
+
+def predict(model: str, device: str, config: UserInputConfig, tp: int = 1, ep: int = 1, execution: str = "engine",
+            options=None) -> Result:
+    from tracer.work import TraceOptions
+    hw = load_profile(device)
+    info = config.get_request_info()
+    spec = resolve_model(model)
+    t = trace(spec, info.to_request(), options or TraceOptions())
+    est = estimate(t, hw, execution, Parallelism(tp, ep))
+    memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_capacity_gb)
+    return Result(spec.name, hw, config, info, t, est, memory)
+
+
+def render(r: Result) -> str:
+    e, info, m = r.estimate, r.info, r.memory
+    label = "TPOT (decode step)" if info.decode else "TTFT (prefill)"
+    lines = [f"{r.model} on {r.hw.name} x{e.parallelism.tp} (TP={e.parallelism.tp}"
+             f"{f', EP={e.parallelism.ep}' if e.parallelism.ep > 1 else ''}), {e.execution} execution, "
+             f"{r.trace.options.dtype}",
+             f"{r.phase}: batch={info.num_queries} query={info.query_len} context={info.context_len} "
+             f"seq_len={info.seq_len}" + (f"  (prefix cache: {info.cached_tokens} of {r.config.query_length} query "
+                                          f"tokens hit, rate {r.config.prefix_cache_hit_rate})"
+                                          if r.config.hit_rate_applies else ""),
+             "",
+             f"{label}: {e.latency_s * 1e3:.3f} ms    throughput: {r.throughput:,.0f} tokens/s",
+             ""]
+    rows = [[c, f"{e.breakdown_s[c] * 1e3:.3f}", f"{e.breakdown_s[c] / e.latency_s * 100:.1f}%"]
+            for c in BREAKDOWN_CLASSES]
+    lines.append(format_table(["class", "ms", "share"], rows))
+    lines.append("")
+    lines.append(format_table(["bound", "ms"], [[b, f"{e.bound_s[b] * 1e3:.3f}"] for b in (COMPUTE, MEMORY, OVERHEAD)]))
+    lines.append("")
+    lines.append(format_table(["top ops", "class", "ms", "launches"],
+                              [[n, c, f"{s * 1e3:.3f}", k] for n, c, s, k in e.top(8)]))
+    lines.append("")
+    g = m.as_gb()
+    lines.append(format_table(["memory per device", "GB"], [[k, f"{v:.2f}"] for k, v in g.items()]))
+    if not m.fits:
+        lines.append(f"WARNING: needs {g['total']:.1f} GB per device but {r.hw.name} has {g['capacity']:.0f} GB: "
+                     f"does not fit (raise --tp-size or lower the batch)")
+    lines.append(f"FLOPs {human(e.flops, 'FLOP')}, bytes {human(e.bytes, 'B')}, {e.num_kernels} kernels")
+    for note in r.trace.notes + [MEMORY_NOTE, f"efficiency: {r.hw.efficiency.origin}"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def sweep(args, options, rates: list[float]) -> int:
+    results = []
+    for rate in rates:
+        config = UserInputConfig(args.num_queries, args.query_length, args.context_length, False, rate)
+        results.append(predict(args.model, args.device, config, args.tp_size, args.ep_size, args.execution, options))
+    base = results[0].estimate.latency_s if rates[0] == 0 else None
+    if base is None:
+        base = predict(args.model, args.device, UserInputConfig(args.num_queries, args.query_length,
+                                                                args.context_length), args.tp_size, args.ep_size,
+                       args.execution, options).estimate.latency_s
+    rows = [{"prefix_cache_hit_rate": r.config.prefix_cache_hit_rate, "cached_tokens": r.info.cached_tokens,
+             "effective_query_length": r.info.query_len, "ttft_ms": r.estimate.latency_s * 1e3,
+             "prefill_tokens_per_s": r.throughput, "speedup": base / r.estimate.latency_s} for r in results]
+    if args.json:
+        print(json.dumps({"model": results[0].model, "device": results[0].hw.name, "sweep": rows}, indent=1))
+    else:
+        print(format_table(["hit rate", "cached tokens", "computed tokens", "TTFT ms", "prefill tokens/s", "speedup"],
+                           [[f"{x['prefix_cache_hit_rate']:g}", x["cached_tokens"], x["effective_query_length"],
+                             f"{x['ttft_ms']:.2f}", f"{x['prefill_tokens_per_s']:,.0f}", f"{x['speedup']:.2f}x"]
+                            for x in rows],
+                           title=f"{results[0].model} on {results[0].hw.name}: what prefix caching buys "
+                                 f"(batch {args.num_queries}, query {args.query_length}, context {args.context_length})"))
+    if args.plot:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            warn("--plot needs matplotlib (pip install 'tracecost[plot]'); no plot written")
+            return 0
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([x["prefix_cache_hit_rate"] for x in rows], [x["ttft_ms"] for x in rows], marker="o")
+        ax.set_xlabel("prefix cache hit rate")
+        ax.set_ylabel("TTFT (ms)")
+        ax.set_title(f"{results[0].model} on {results[0].hw.name}")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def body(args) -> int:
+    options = trace_options(args)
+    if args.sweep_prefix_cache_hit_rate is not None:
+        if args.decode:
+            raise ValueError("--sweep-prefix-cache-hit-rate is for prefill, not --decode")
+        return sweep(args, options, args.sweep_prefix_cache_hit_rate)
+    if args.decode and args.prefix_cache_hit_rate > 0:
+        warn("--prefix-cache-hit-rate applies to prefill only; ignored for --decode (RFC 5.2)")
+    query = 1 if args.decode and args.query_length is None else args.query_length
+    config = UserInputConfig(args.num_queries, query, args.context_length, args.decode, args.prefix_cache_hit_rate)
+    result = predict(args.model, args.device, config, args.tp_size, args.ep_size, args.execution, options)
+    print(json.dumps(result.as_json(), indent=1) if args.json else render(result))
+    return 0
+
+
+def rate_list(text: str) -> list[float]:
+    rates = [hit_rate(x) for x in text.split(",") if x.strip()]
+    if not rates:
+        raise ValueError("empty rate list")
+    return rates
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(prog="text-generate", description=__doc__.split("\n")[0])
+    p.add_argument("model", help="bundled model name, folder or config.json path, or HF id in the local cache")
+    add_device_arguments(p)
+    p.add_argument("--num-queries", "-b", type=positive_int, default=1, help="sequences in the batch (default 1)")
+    p.add_argument("--query-length", "-q", type=positive_int, default=None,
+                   help="new tokens per sequence (default 2048 prefill, 1 decode)")
+    p.add_argument("--context-length", "-c", type=int, default=0, help="tokens already in the KV cache (default 0)")
+    p.add_argument("--decode", action="store_true", help="one decode step over the context")
+    p.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
+                   help="fraction of query tokens found in the prefix cache, in [0, 1) (default 0.0)")
+    p.add_argument("--sweep-prefix-cache-hit-rate", type=rate_list, default=None, metavar="R1,R2,...",
+                   help="prefill TTFT for each hit rate, with the speedup over rate 0")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="with the sweep: draw TTFT vs hit rate")
+    p.add_argument("--tp-size", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument("--ep-size", type=positive_int, default=1, help="expert-parallel degree for MoE (default 1)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_model_arguments(p)
+    args = p.parse_args(argv)
+    if args.query_length is None:
+        args.query_length = 1 if args.decode else 2048
+    if args.context_length < 0:
+        p.error(f"--context-length must be >= 0, got {args.context_length}")
+    return run_main(body, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""python -m hw_profiles [NAME|PATH] [--json]: list the hardware profiles, or show one with its sources."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cost.profile import ProfileError, load_profile, profile_names
+from tracer.table import format_table
+
+
+def _fmt(rates: dict[str, float]) -> str:
+    return " ".join(f"{k}:{v:g}" for k, v in sorted(rates.items()))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hw_profiles", description=__doc__)
+    p.add_argument("device", nargs="?", help="show one profile (name, alias or .json path)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        profiles = [load_profile(args.device)] if args.device else [load_profile(n) for n in profile_names()]
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([{
+            "key": hw.key, "name": hw.name, "aliases": list(hw.aliases), "matrix_tflops": hw.matrix_tflops,
+            "vector_tflops": hw.vector_tflops, "memory_bandwidth_gbps": hw.memory_bandwidth_gbps,
+            "memory_capacity_gb": hw.memory_capacity_gb, "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,
+            "host_link_bandwidth_gbps": hw.host_link_bandwidth_gbps, "efficiency_origin": hw.efficiency.origin,
+            "sources": hw.sources} for hw in profiles], indent=1))
+        return 0
+    rows = [[hw.key, hw.name, ", ".join(hw.aliases), f"{hw.matrix_tflops.get('bf16', 0):g}",
+             f"{hw.matrix_tflops['fp8']:g}" if "fp8" in hw.matrix_tflops else "-",
+             f"{hw.memory_bandwidth_gbps / 1000:g}", f"{hw.memory_capacity_gb:g}",
+             f"{hw.interconnect_bandwidth_gbps:g}", f"{hw.host_link_bandwidth_gbps:g}",
+             "fitted" if hw.efficiency.origin.startswith("fitted") else "from h200"] for hw in profiles]
+    print(format_table(["key", "name", "aliases", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "GB",
+                        "link GB/s", "host GB/s", "efficiency"], rows,
+                       title="dense matrix peaks (no sparsity); link = per direction"))
+    if args.device:
+        hw = profiles[0]
+        print(f"\nmatrix TFLOP/s: {_fmt(hw.matrix_tflops)}\nvector TFLOP/s: {_fmt(hw.vector_tflops)}")
+        print(f"efficiency: {hw.efficiency.origin}")
+        for field, source in hw.sources.items():
+            print(f"source {field}: {source}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

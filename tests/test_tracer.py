@@ -1,0 +1,161 @@
+import json
+
+import pytest
+
+from tracer import ModelError, Request, TraceOptions, resolve_model, trace
+from tracer.__main__ import main as tracer_main
+from tracer.attention import causal_pairs, keys_read
+from tracer.experts import expected_active_experts
+from tracer.formulas import model_flops
+
+# (model, request) pairs spanning dense GQA, sliding window, MoE and MLA, prefill and decode, with and without context
+CROSSCHECK = [
+    (m, r) for m in ("llama-3.1-8b", "qwen2.5-7b", "gemma-2-9b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
+                     "deepseek-v3")
+    for r in (Request(1, 512, 0), Request(2, 300, 5000), Request(16, 1, 8192, decode=True))
+]
+
+
+@pytest.mark.parametrize("model,request_", CROSSCHECK)
+def test_traced_flops_match_hand_formulas(model, request_):
+    t = trace(model, request_)
+    formula = model_flops(resolve_model(model).config, request_)
+    traced = t.flops_by_class()
+    for cls in ("gemm", "attention"):
+        assert traced[cls] == pytest.approx(formula[cls], rel=0.005), cls
+    assert t.flops == pytest.approx(formula["gemm"] + formula["attention"], rel=0.005)
+
+
+def test_mla_hf_form_matches_its_formula_and_reexpands_the_cache():
+    req = Request(4, 1, 4096, decode=True)
+    hf = trace("deepseek-v2-lite", req, TraceOptions(mla_form="hf"))
+    absorbed = trace("deepseek-v2-lite", req)
+    formula = model_flops(resolve_model("deepseek-v2-lite").config, req, "hf")
+    assert hf.flops_by_class()["gemm"] == pytest.approx(formula["gemm"], rel=0.005)
+    # re-expanding 4097 cached tokens through kv_b_proj dwarfs the absorbed form's GEMMs
+    assert hf.flops_by_class()["gemm"] > 10 * absorbed.flops_by_class()["gemm"]
+    # both cache the latent: kv_lora_rank + rope dims per layer per token
+    cfg = resolve_model("deepseek-v2-lite").config
+    per_token = cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2
+    assert absorbed.kv_bytes_per_token == per_token == hf.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "gemma-2-9b", "qwen3-30b-a3b", "deepseek-v2-lite"])
+def test_identical_layers_traced_once_equal_full_trace(model):
+    req = Request(2, 64, 128)
+    dedup = trace(model, req)
+    full = trace(model, req, TraceOptions(dedup_layers=False))
+    assert dedup.num_ops == full.num_ops
+    for cls in ("gemm", "attention", "other"):
+        assert dedup.flops_by_class()[cls] == pytest.approx(full.flops_by_class()[cls], rel=1e-9)
+        assert dedup.bytes_by_class()[cls] == pytest.approx(full.bytes_by_class()[cls], rel=1e-9)
+    assert len(dedup.ops) < len(full.ops)
+
+
+def test_causal_pairs_closed_form():
+    assert causal_pairs(4, 0) == 1 + 2 + 3 + 4
+    assert causal_pairs(3, 10) == 11 + 12 + 13
+    assert causal_pairs(1, 1000) == 1001
+    # window of 3 keys: min(C + i + 1, 3)
+    assert causal_pairs(5, 0, window=3) == 1 + 2 + 3 + 3 + 3
+    assert causal_pairs(2, 100, window=50) == 100
+    for q, c, w in [(7, 3, 4), (50, 0, 16), (9, 20, 25), (1, 0, 1)]:
+        assert causal_pairs(q, c, w) == sum(min(c + i + 1, w) for i in range(q))
+    assert keys_read(4, 100) == 104 and keys_read(4, 100, window=10) == 13
+
+
+def test_attention_op_work_gqa_and_window():
+    t = trace("gemma-2-9b", Request(1, 1, 10000, decode=True))
+    attn = [op for op in t.ops if op.attention is not None]
+    windows = {op.attention.window for op in attn}
+    assert windows == {None, 4096}
+    for op in attn:
+        w = op.attention
+        keys = 10001 if w.window is None else 4096
+        assert w.pairs_per_sequence == keys
+        assert op.flops == 4 * w.heads * w.qk_head_dim * keys
+        # K and V read once per KV head (8), never repeated to the 16 query heads
+        kv = 2 * w.kv_heads * keys * w.qk_head_dim * 2
+        q_and_o = 2 * w.heads * w.qk_head_dim * 2
+        assert op.bytes == kv + q_and_o
+
+
+def test_kv_cache_write_counts_new_tokens_only():
+    req = Request(2, 10, 5000)
+    t = trace("llama-3.1-8b", req)
+    writes = [op for op in t.ops if op.kv_cache_write]
+    assert sum(op.bytes_written * op.count for op in writes) == 2 * 10 * 32 * 2 * 8 * 128 * 2
+    # no op touches a tensor as long as the whole cache (no DynamicCache-style concatenation)
+    assert not any(op.name == "aten.cat" and any(5010 in s for s in op.shapes) for op in t.ops)
+
+
+def test_embedding_reads_only_gathered_rows_and_logits_for_last_token():
+    t = trace("llama-3.1-8b", Request(3, 7, 0))
+    emb = next(op for op in t.ops if op.name == "aten.embedding")
+    assert emb.bytes_read == 3 * 7 * (4096 * 2 + 8)
+    head = [op for op in t.ops if "lm_head" in op.module]
+    assert head and head[0].gemm.m == 3
+    all_logits = trace("llama-3.1-8b", Request(3, 7, 0, all_logits=True))
+    assert next(op for op in all_logits.ops if "lm_head" in op.module).gemm.m == 21
+
+
+def test_moe_expected_routing():
+    assert expected_active_experts(1, 128, 8) == pytest.approx(8)
+    assert expected_active_experts(10000, 128, 8) == pytest.approx(128)
+    t = trace("qwen3-30b-a3b", Request(1, 1, 100, decode=True))
+    experts = [op for op in t.ops if op.experts is not None]
+    assert len(experts) == 1 and experts[0].count == 48  # one op per layer, traced once
+    w = experts[0].experts
+    assert experts[0].weight_bytes == pytest.approx(8 * 3 * 2048 * 768 * 2)
+    assert experts[0].flops == 2 * 1 * 8 * 2048 * 768 * 3
+    assert w.tokens_per_expert == pytest.approx(8 / 128)
+    imbalanced = trace("qwen3-30b-a3b", Request(1, 1, 100, decode=True), TraceOptions(moe_imbalance=2.0))
+    assert next(op for op in imbalanced.ops if op.experts).experts.imbalance == 2.0
+    assert 2.5e9 < t.active_params < 4.0e9 < 30e9 < t.params
+
+
+def test_fp8_weights_halve_gemm_weight_bytes():
+    bf16 = trace("llama-3.2-1b", Request(1, 1, 10, decode=True))
+    fp8 = trace("llama-3.2-1b", Request(1, 1, 10, decode=True), TraceOptions(dtype="fp8"))
+    w16 = sum(op.weight_bytes * op.count for op in bf16.ops if op.op_class == "gemm")
+    w8 = sum(op.weight_bytes * op.count for op in fp8.ops if op.op_class == "gemm")
+    assert w8 == pytest.approx(w16 / 2)
+    assert all(op.dtype == "fp8" for op in fp8.ops if op.op_class == "gemm")
+
+
+def test_no_unformulated_matrix_ops_in_bundled_models():
+    for model in ("llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "gemma-2-9b"):
+        assert trace(model, Request(1, 16, 16)).unformulated == {}
+
+
+def test_model_sources(tmp_path):
+    cfg = resolve_model("llama-3.2-1b").config
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from_dir = trace(str(tmp_path), Request(1, 8, 0))
+    from_file = trace(str(tmp_path / "config.json"), Request(1, 8, 0))
+    assert from_dir.flops == from_file.flops == trace("llama-3.2-1b", Request(1, 8, 0)).flops
+    with pytest.raises(ModelError, match="not in the local Hugging Face cache"):
+        resolve_model("someone/not-downloaded-model")
+    custom = dict(cfg, model_type="my_custom_arch", auto_map={"AutoConfig": "x.Y"})
+    (tmp_path / "config.json").write_text(json.dumps(custom))
+    with pytest.raises(ModelError, match="--trust-remote-code"):
+        trace(str(tmp_path), Request(1, 8, 0))
+
+
+def test_tracer_cli_json(capsys):
+    assert tracer_main(["qwen3-30b-a3b", "-b", "2", "-q", "64", "-c", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("params", "active_params", "flops", "flops_by_class", "bytes", "bytes_by_class", "num_ops",
+                "trace_seconds"):
+        assert key in out
+    assert set(out["flops_by_class"]) == {"gemm", "attention", "other"}
+    assert out["flops"] == pytest.approx(sum(out["flops_by_class"].values()))
+
+
+def test_tracer_cli_bad_input(capsys):
+    assert tracer_main(["no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1
+    assert tracer_main(["llama-3.2-1b", "-q", "0"]) == 2
+    assert tracer_main(["--list"]) == 0
+    assert "deepseek-v3" in capsys.readouterr().out
