@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         allc = errors.get((c, "prefill"), []) + errors.get((c, "decode"), [])
         summary.append([("eager total" if c == "total" else c), "all", len(allc), f"{statistics.median(allc):.1f}%",
                         f"{max(allc):.1f}%"])
-    sheaders = ["class", "phase", "scenarios", "median |err|", "max |err|"]
+    sheaders = ["class", "phase", "scenarios", "median abs err", "max abs err"]
     if args.markdown:
         def md(h, r):
             return "\n".join(["| " + " | ".join(map(str, h)) + " |", "|" + "---|" * len(h)] +

@@ -66,6 +66,19 @@ def _eager_kernels(ops: list[Op], masked_attention: bool) -> list[Kernel]:
             for op in ops]
 
 
+def _mergeable_gemm(kernels: list[Kernel], op: Op, lookback: int = 4) -> int | None:
+    """Index of a recent GEMM that reads the same input with the same M and K (q/k/v, gate/up): one kernel."""
+    if op.op_class != GEMM or op.gemm is None or op.experts is not None or op.source is None:
+        return None
+    for j in range(len(kernels) - 1, max(-1, len(kernels) - 1 - lookback), -1):
+        k = kernels[j]
+        if (k.op_class == GEMM and k.op is not None and k.op.experts is None and k.gemm is not None
+                and k.op.source == op.source and k.gemm.k == op.gemm.k and k.gemm.m == op.gemm.m
+                and k.count == op.count and k.op.layer == op.layer):
+            return j
+    return None
+
+
 def _engine_kernels(ops: list[Op]) -> list[Kernel]:
     kernels: list[Kernel] = []
     fused_seen: set[str] = set()
@@ -81,15 +94,13 @@ def _engine_kernels(ops: list[Op]) -> list[Kernel]:
                                   bytes=op.fused_bytes if op.fused_bytes is not None else op.bytes, dtype=op.dtype,
                                   count=op.count, op=op, ops=1))
             continue
-        prev = kernels[-1] if kernels else None
-        if (op.op_class == GEMM and op.gemm is not None and op.experts is None and prev is not None
-                and prev.op_class == GEMM and prev.op is not None and prev.op.experts is None and prev.gemm is not None
-                and prev.op.source == op.source and op.source is not None and prev.gemm.k == op.gemm.k
-                and prev.gemm.m == op.gemm.m and prev.count == op.count and prev.op.layer == op.layer):
+        j = _mergeable_gemm(kernels, op)
+        if j is not None:
+            prev = kernels[j]
             shared_input = op.gemm.m * op.gemm.k * (op.bytes_written / max(1, op.gemm.m * op.gemm.n))
-            kernels[-1] = replace(prev, name="merged_gemm", flops=prev.flops + op.flops,
-                                  bytes=prev.bytes + op.bytes - shared_input,
-                                  gemm=replace(prev.gemm, n=prev.gemm.n + op.gemm.n), ops=prev.ops + 1)
+            kernels[j] = replace(prev, name="merged_gemm", flops=prev.flops + op.flops,
+                                 bytes=prev.bytes + op.bytes - shared_input,
+                                 gemm=replace(prev.gemm, n=prev.gemm.n + op.gemm.n), ops=prev.ops + 1)
             continue
         kernels.append(Kernel(name=op.name, op_class=op.op_class, module=op.module, flops=op.flops, bytes=op.bytes,
                               dtype=op.dtype, count=op.count, gemm=op.gemm, op=op))

@@ -1,0 +1,78 @@
+"""Forward shapes of a serving workload: the one place prefix caching enters throughput modelling (RFC 4.3).
+
+Every prefill path takes its lengths from here (the effective input length over the cached prefix);
+every decode path takes the original lengths, untouched by the prefix cache.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tracer.work import Request
+
+from .config import InputError, check_hit_rate
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    batch: int
+    tokens: int       # new tokens per sequence in this chunk
+    context: int      # tokens before it: the cached prefix plus earlier chunks
+
+
+@dataclass(frozen=True)
+class ServingShapes:
+    input_length: int
+    output_length: int
+    prefix_cache_hit_rate: float = 0.0
+    max_prefill_tokens: int = 8192
+
+    def __post_init__(self):
+        if self.input_length < 1 or self.output_length < 1:
+            raise InputError("--input-length and --output-length must be >= 1")
+        if self.max_prefill_tokens < 1:
+            raise InputError("--max-prefill-tokens must be >= 1")
+        check_hit_rate(self.prefix_cache_hit_rate)
+        if self.effective_input_length < 1:
+            raise InputError(f"effective input length is {self.effective_input_length}: at least one token must be "
+                             f"prefilled")
+
+    @property
+    def cached_prefix_tokens(self) -> int:
+        return math.floor(self.input_length * self.prefix_cache_hit_rate)
+
+    @property
+    def effective_input_length(self) -> int:
+        return self.input_length - self.cached_prefix_tokens
+
+    @property
+    def chunked(self) -> bool:
+        """The effective input exceeds the prefill token budget: it is prefilled in chunks, as engines do."""
+        return self.effective_input_length > self.max_prefill_tokens
+
+    @property
+    def prefill_batch_size(self) -> int:
+        """Requests per prefill wave under the token budget (RFC 4.3), not the user's batch size."""
+        return max(1, self.max_prefill_tokens // self.effective_input_length)
+
+    def prefill_chunks(self, batch: int) -> list[PrefillChunk]:
+        """One prefill wave of `batch` requests: a single step, or chunks of at most the budget each."""
+        if not self.chunked:
+            return [PrefillChunk(batch, self.effective_input_length, self.cached_prefix_tokens)]
+        chunks, done = [], 0
+        while done < self.effective_input_length:
+            size = min(self.max_prefill_tokens, self.effective_input_length - done)
+            chunks.append(PrefillChunk(1, size, self.cached_prefix_tokens + done))
+            done += size
+        return chunks
+
+    def prefill_requests(self, batch: int) -> list[Request]:
+        return [Request(c.batch, c.tokens, c.context) for c in self.prefill_chunks(batch)]
+
+    def decode_request(self, batch: int) -> Request:
+        """A decode step at the mean context of a request's life: the full input plus half the output."""
+        return Request(batch, 1, self.input_length + self.output_length // 2, decode=True)
+
+    @property
+    def kv_tokens_per_request(self) -> int:
+        return self.input_length + self.output_length
