@@ -9,9 +9,11 @@ from cost.profile import ProfileError
 from tracer.__main__ import ArgumentParser, add_model_arguments, trace_options
 from tracer.model_source import ModelError
 
+from serving.workload import WorkloadError
+
 from .inference.config import InputError
 
-USER_ERRORS = (InputError, ModelError, ProfileError, ValueError)
+USER_ERRORS = (InputError, ModelError, ProfileError, WorkloadError, ValueError)
 
 __all__ = ["ArgumentParser", "USER_ERRORS", "add_device_arguments", "add_model_arguments", "hit_rate", "positive_int",
            "run_main", "trace_options", "warn"]
