@@ -7,6 +7,7 @@ their leading blocks exactly as far as their leading segments agree, to whole bl
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,8 +95,9 @@ def preset(name: str, num_requests: int, rate: float | None, seed: int, sizes: P
         elif name == "document-qa":
             segs = [("system", sizes.system_tokens // 8 or 1), (f"doc-{rng.randrange(sizes.documents)}",
                                                                 sizes.document_tokens), (f"q-{i}", sizes.question_tokens)]
-        else:  # multi-turn-chat: turn t of a session resends the history plus the previous answers
-            session = i // sizes.turns
+        else:  # multi-turn-chat: turn t of a session resends the history plus the previous answers;
+            # sessions take turns round-robin, as concurrent users do, so a session's next turn comes late
+            session = i % math.ceil(num_requests / sizes.turns)
             history = sessions.setdefault(session, [("system", sizes.system_tokens)])
             segs = history + [(f"user-{session}-{i}", sizes.user_tokens)]
             sessions[session] = segs + [(f"assistant-{session}-{i}", sizes.output_tokens)]

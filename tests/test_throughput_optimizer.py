@@ -169,3 +169,20 @@ def test_cli_subprocess():
                         "--batch-range", "1", "128"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "best:" in r.stdout and "tokens/s" in r.stdout
+
+
+def test_block_granular_hits_and_hit_rate_distribution(tmp_path, capsys):
+    assert ServingShapes(1000, 10, 0.5, prefix_cache_block_size=16).cached_prefix_tokens == 496
+    assert ServingShapes(1000, 10, 0.5).cached_prefix_tokens == 500
+    rates = tmp_path / "rates.txt"
+    rates.write_text("0\n0.5\n0.9\n0.9\n")
+    base = ["llama-3.2-1b", "--device", "h100", "--num-devices", "1", "--input-length", "1000", "--output-length",
+            "64", "--batch-range", "8", "8"]
+    dist = run_json(capsys, *base, "--prefix-cache-hit-rate-distribution", str(rates))
+    assert dist["prefix_cache_hit_rate"] == pytest.approx(0.575)
+    assert [d["weight"] for d in dist["hit_rate_distribution"]] == [0.25, 0.25, 0.5]
+    cold = run_json(capsys, *base)
+    warm = run_json(capsys, *base, "--prefix-cache-hit-rate", "0.9")
+    assert warm["best"]["ttft_ms"] < dist["best"]["ttft_ms"] < cold["best"]["ttft_ms"]
+    rates.write_text("0.5\n1.2\n")
+    assert main([*base, "--prefix-cache-hit-rate-distribution", str(rates)]) == 2

@@ -26,10 +26,13 @@ class ServingShapes:
     output_length: int
     prefix_cache_hit_rate: float = 0.0
     max_prefill_tokens: int = 8192
+    prefix_cache_block_size: int = 1   # hits count in whole blocks (1: token granularity, the RFC's)
 
     def __post_init__(self):
         if self.input_length < 1 or self.output_length < 1:
             raise InputError("--input-length and --output-length must be >= 1")
+        if self.prefix_cache_block_size < 1:
+            raise InputError("--prefix-cache-block-size must be >= 1")
         if self.max_prefill_tokens < 1:
             raise InputError("--max-prefill-tokens must be >= 1")
         check_hit_rate(self.prefix_cache_hit_rate)
@@ -39,7 +42,8 @@ class ServingShapes:
 
     @property
     def cached_prefix_tokens(self) -> int:
-        return math.floor(self.input_length * self.prefix_cache_hit_rate)
+        hits = math.floor(self.input_length * self.prefix_cache_hit_rate)
+        return hits // self.prefix_cache_block_size * self.prefix_cache_block_size
 
     @property
     def effective_input_length(self) -> int:
@@ -76,3 +80,26 @@ class ServingShapes:
     @property
     def kv_tokens_per_request(self) -> int:
         return self.input_length + self.output_length
+
+
+def load_hit_rate_distribution(path: str, bins: int = 8) -> list[tuple[float, float]]:
+    """Per-request hit rates (a JSON list, or one number per line) as at most `bins` (rate, weight) pairs."""
+    from pathlib import Path
+    import json
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise InputError(f"cannot read hit-rate distribution {path}: {e}") from None
+    try:
+        rates = json.loads(text) if text.lstrip().startswith("[") else [float(x) for x in text.split()]
+        rates = [check_hit_rate(float(r)) for r in rates]
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{path}: hit rates must be numbers in [0, 1) ({e})") from None
+    if not rates:
+        raise InputError(f"{path}: no hit rates")
+    lo, hi = min(rates), max(rates)
+    width = (hi - lo) / bins or 1.0
+    groups: dict[int, list[float]] = {}
+    for r in rates:
+        groups.setdefault(min(bins - 1, int((r - lo) / width)), []).append(r)
+    return [(sum(g) / len(g), len(g) / len(rates)) for _, g in sorted(groups.items())]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cost.estimate import Parallelism, estimate
 from cost.profile import HardwareProfile, load_profile
@@ -29,7 +29,7 @@ from tracer.work import Request, TraceOptions
 from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, positive_int, run_main,
                       trace_options)
 from .memory import GB, MemoryEstimate, estimate_memory
-from .shapes import ServingShapes
+from .shapes import ServingShapes, load_hit_rate_distribution
 
 MEMORY_UTILIZATION = 0.9  # share of device memory a serving engine plans for (vLLM's default)
 MIXED, DISAGG = "mixed", "disagg"
@@ -79,6 +79,7 @@ class Evaluator:
         self.spec, self.hw, self.shapes, self.options = spec, hw, shapes, options
         self.execution, self.limits, self.num_devices = execution, limits, num_devices
         self._latency: dict = {}
+        self.hit_rate_mix: list[tuple[float, float]] | None = None
 
     def latency_s(self, request: Request, tp: int, ep: int) -> float:
         key = (request, tp, ep)
@@ -88,7 +89,13 @@ class Evaluator:
         return self._latency[key]
 
     def wave_s(self, batch: int, tp: int, ep: int) -> float:
-        return sum(self.latency_s(r, tp, ep) for r in self.shapes.prefill_requests(batch))
+        """One prefill wave; with a hit-rate distribution, the mean over its rates."""
+        mix = self.hit_rate_mix or [(self.shapes.prefix_cache_hit_rate, 1.0)]
+        total = 0.0
+        for rate, weight in mix:
+            shapes = replace(self.shapes, prefix_cache_hit_rate=rate)
+            total += weight * sum(self.latency_s(r, tp, ep) for r in shapes.prefill_requests(batch))
+        return total
 
     def memory(self, kv_tokens: int, activation_requests: list[Request], tp: int, ep: int) -> MemoryEstimate:
         estimates = [estimate_memory(trace(self.spec, r, self.options), kv_tokens, tp, ep, self.hw.memory_capacity_gb)
@@ -197,13 +204,19 @@ def layouts(num_devices: int, tp_sizes: list[int] | None, is_moe: bool) -> list[
 def optimize(args) -> dict:
     spec = resolve_model(args.model)
     hw = load_profile(args.device)
-    shapes = ServingShapes(args.input_length, args.output_length, args.prefix_cache_hit_rate, args.max_prefill_tokens)
+    mix = load_hit_rate_distribution(args.prefix_cache_hit_rate_distribution) \
+        if args.prefix_cache_hit_rate_distribution else None
+    # with a distribution, wave capacity follows the mean rate; each wave's time averages over the rates
+    rate = sum(r * w for r, w in mix) if mix else args.prefix_cache_hit_rate
+    shapes = ServingShapes(args.input_length, args.output_length, rate, args.max_prefill_tokens,
+                           args.prefix_cache_block_size)
     options = trace_options(args)
     for tp in args.tp_sizes or []:
         if args.num_devices % tp:
             raise ValueError(f"--tp-sizes: {tp} does not divide --num-devices {args.num_devices}")
     evaluator = Evaluator(spec, hw, shapes, options, args.execution, Limits(args.ttft_limit, args.tpot_limit),
                           args.num_devices)
+    evaluator.hit_rate_mix = mix
     is_moe = any(op.experts is not None for op in trace(spec, Request(1, 1, 1, decode=True), options).ops)
     modes = [MIXED, DISAGG] if args.mode == "both" else [args.mode]
     plan = [(mode, tp, ep) for mode in modes for tp, ep in layouts(args.num_devices, args.tp_sizes, is_moe)]
@@ -221,7 +234,8 @@ def optimize(args) -> dict:
         "input_length": shapes.input_length, "output_length": shapes.output_length,
         "prefix_cache_hit_rate": shapes.prefix_cache_hit_rate, "cached_prefix_tokens": shapes.cached_prefix_tokens,
         "effective_input_length": shapes.effective_input_length, "max_prefill_tokens": shapes.max_prefill_tokens,
-        "prefill_chunked": shapes.chunked,
+        "prefill_chunked": shapes.chunked, "prefix_cache_block_size": shapes.prefix_cache_block_size,
+        "hit_rate_distribution": [{"rate": r, "weight": w} for r, w in mix] if mix else None,
         "limits": {"ttft_ms": args.ttft_limit, "tpot_ms": args.tpot_limit},
         "best": feasible[0].as_json() if feasible else {},
         "candidates": [c.as_json() for c in ranked[:args.top]],
@@ -286,6 +300,10 @@ def main(argv=None) -> int:
     p.add_argument("--output-length", type=positive_int, required=True, help="generated tokens per request")
     p.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
                    help="fraction of input tokens found in the prefix cache, in [0, 1) (default 0.0)")
+    p.add_argument("--prefix-cache-block-size", type=positive_int, default=1,
+                   help="count cache hits in whole blocks of this many tokens (default 1: token granularity)")
+    p.add_argument("--prefix-cache-hit-rate-distribution", default=None, metavar="FILE",
+                   help="per-request hit rates (JSON list or one per line) instead of one rate")
     p.add_argument("--ttft-limit", type=float, default=None, metavar="MS")
     p.add_argument("--tpot-limit", type=float, default=None, metavar="MS")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=8192,
