@@ -11,7 +11,7 @@ from tracer.formulas import model_flops
 # (model, request) pairs spanning dense GQA, sliding window, MoE and MLA, prefill and decode, with and without context
 CROSSCHECK = [
     (m, r) for m in ("llama-3.1-8b", "qwen2.5-7b", "gemma-2-9b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
-                     "deepseek-v3")
+                     "deepseek-v3", "gpt-oss-20b")
     for r in (Request(1, 512, 0), Request(2, 300, 5000), Request(16, 1, 8192, decode=True))
 ]
 
@@ -78,6 +78,19 @@ def test_attention_op_work_gqa_and_window():
         kv = 2 * w.kv_heads * keys * w.qk_head_dim * 2
         q_and_o = 2 * w.heads * w.qk_head_dim * 2
         assert op.bytes == kv + q_and_o
+
+
+def test_attention_sinks_and_short_window():
+    t = trace("gpt-oss-20b", Request(1, 300, 1000))
+    attn = [op for op in t.ops if op.attention is not None]
+    assert all(op.attention.has_sinks for op in attn)
+    sliding = next(op for op in attn if op.attention.window == 128)
+    assert sliding.attention.pairs_per_sequence == 300 * 128
+    assert sliding.attention.kv_tokens_read == 128 + 300 - 1
+    # one sink logit per head is read (fp32) on top of Q, K, V
+    w = sliding.attention
+    qkv = (w.heads * 300 * 64 + 2 * w.kv_heads * w.kv_tokens_read * 64) * 2
+    assert sliding.bytes_read == qkv + w.heads * 4
 
 
 def test_kv_cache_write_counts_new_tokens_only():

@@ -79,9 +79,9 @@ def render(t: Trace) -> str:
     return f"{head}\n\n{classes}\n\n{modules}{notes}"
 
 
-def crosscheck_table(t: Trace, mla_form: str) -> str:
+def crosscheck_table(t: Trace, config: dict, mla_form: str) -> str:
     from .formulas import model_flops
-    formula = model_flops(resolve_model(t.model).config, t.request, mla_form)
+    formula = model_flops(config, t.request, mla_form)
     traced = t.flops_by_class()
     rows = [[c, human(traced[c], "FLOP"), human(formula[c], "FLOP"), f"{(traced[c] / formula[c] - 1) * 100:+.3f}%"]
             for c in formula]
@@ -126,17 +126,22 @@ def main(argv=None) -> int:
     except (ValueError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        out = trace_summary(t)
-        if args.crosscheck:
-            from .formulas import model_flops
-            out["formula_flops_by_class"] = model_flops(spec.config, request, args.mla_form)
-        print(json.dumps(out, indent=1))
-    else:
-        print(render(t))
-        if args.crosscheck:
-            print()
-            print(crosscheck_table(t, args.mla_form))
+    try:
+        if args.json:
+            out = trace_summary(t)
+            if args.crosscheck:
+                from .formulas import model_flops
+                out["formula_flops_by_class"] = model_flops(spec.config, request, args.mla_form)
+            print(json.dumps(out, indent=1))
+        else:
+            print(render(t))
+            if args.crosscheck:
+                print()
+                print(crosscheck_table(t, spec.config, args.mla_form))
+    except KeyError as e:
+        print(f"error: no hand-written formula for model type '{spec.config.get('model_type')}' (missing {e})",
+              file=sys.stderr)
+        return 1
     return 0
 
 
