@@ -172,3 +172,18 @@ def test_tracer_cli_bad_input(capsys):
     assert tracer_main(["llama-3.2-1b", "-q", "0"]) == 2
     assert tracer_main(["--list"]) == 0
     assert "deepseek-v3" in capsys.readouterr().out
+
+
+def test_untested_transformers_release_is_refused(monkeypatch):
+    import transformers
+
+    from tracer import compat
+    monkeypatch.delenv(compat.OVERRIDE_ENV, raising=False)
+    monkeypatch.setattr(transformers, "__version__", "6.0.0")
+    with pytest.raises(ModelError, match="outside the tested range"):
+        compat.check_versions()
+    monkeypatch.setenv(compat.OVERRIDE_ENV, "1")
+    compat.check_versions()
+    monkeypatch.delenv(compat.OVERRIDE_ENV)
+    monkeypatch.setattr(transformers, "__version__", "5.20.1")
+    compat.check_versions()
