@@ -21,7 +21,6 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     t0 = time.perf_counter()
     from tracer import Request, bundled_models, trace
-    from tracer import trace as trace_module  # noqa: F401
     from tracer.trace import _TRACE_CACHE, prepare
     prepare()
     print(f"imports: {time.perf_counter() - t0:.2f} s")

@@ -19,8 +19,7 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (USER_ERRORS, ArgumentParser, add_device_arguments, add_model_arguments, positive_int, run_main,
-                      trace_options)
+from ..common import ArgumentParser, add_device_arguments, add_model_arguments, positive_int, run_main, trace_options
 from .memory import kv_heads, peak_activation_bytes
 
 MEMORY_UTILIZATION = 0.9
@@ -147,8 +146,6 @@ def main(argv=None) -> int:
         p.error("--cpu-cache-gb must be >= 0")
     return run_main(body, args)
 
-
-__all__ = ["USER_ERRORS", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())
