@@ -18,7 +18,8 @@ from cost.calibrate import load_scenarios, predict_ms  # noqa: E402
 from cost.profile import load_profile  # noqa: E402
 from tracer.table import format_table  # noqa: E402
 
-CLASSES = ("gemm", "attention", "total")
+CLASSES = ("gemm", "attention", "total", "wall")
+LABELS = {"total": "eager total", "wall": "eager wall"}
 
 
 def main(argv=None) -> int:
@@ -41,17 +42,17 @@ def main(argv=None) -> int:
         rows.append(row)
     headers = ["model", "phase", "batch", "query", "context"]
     for c in CLASSES:
-        label = "eager total" if c == "total" else c
+        label = LABELS.get(c, c)
         headers += [f"{label} pred ms", "meas ms", "err"]
     summary = []
     for c in CLASSES:
         for phase in ("prefill", "decode"):
             e = errors.get((c, phase), [])
             if e:
-                summary.append([("eager total" if c == "total" else c), phase, len(e), f"{statistics.median(e):.1f}%",
+                summary.append([LABELS.get(c, c), phase, len(e), f"{statistics.median(e):.1f}%",
                                 f"{max(e):.1f}%"])
         allc = errors.get((c, "prefill"), []) + errors.get((c, "decode"), [])
-        summary.append([("eager total" if c == "total" else c), "all", len(allc), f"{statistics.median(allc):.1f}%",
+        summary.append([LABELS.get(c, c), "all", len(allc), f"{statistics.median(allc):.1f}%",
                         f"{max(allc):.1f}%"])
     sheaders = ["class", "phase", "scenarios", "median abs err", "max abs err"]
     if args.markdown:

@@ -37,7 +37,7 @@ class Scenario:
     batch: int
     query: int
     context: int
-    measured_ms: dict[str, float]     # gemm, attention, other, total
+    measured_ms: dict[str, float]     # gemm, attention, other, total, wall
     kernels: list                     # unique kernels with their launch counts
 
 
@@ -61,7 +61,8 @@ def load_scenarios(directory: Path, progress=None) -> list[Scenario]:
                 unique[key] = k
         by = s["by_class_ms"]
         measured = {GEMM: by["gemm"], ATTENTION: by["attention"],
-                    OTHER: sum(by.get(c, 0.0) for c in MEASURED_OTHER), "total": s["gpu_kernel_ms"]}
+                    OTHER: sum(by.get(c, 0.0) for c in MEASURED_OTHER), "total": s["gpu_kernel_ms"],
+                    "wall": s.get("wall_ms", 0.0)}
         out.append(Scenario(s["model"], s["phase"], s["batch"], s["query"], s["context"], measured, list(unique.values())))
         if progress:
             progress(i + 1, len(raw))
@@ -73,6 +74,8 @@ def predict_ms(scenario: Scenario, hw: HardwareProfile) -> dict[str, float]:
     for k in scenario.kernels:
         pred[k.op_class] += price_kernel(k, hw).seconds * k.count * 1e3
     pred["total"] = sum(pred.values())
+    launches = sum(k.count for k in scenario.kernels)
+    pred["wall"] = max(pred["total"], launches * hw.efficiency.eager_host_us * 1e-3)
     return pred
 
 
@@ -178,7 +181,17 @@ class Fitter:
                    "fixed_us": (0.5, 20.0), "softmax_ops": (0.01, 32.0)})
         self._fit("elementwise", ["memory", "fixed_us", "broadcast_memory"], self.class_objective(OTHER),
                   {"memory": (0.2, COPY_CEILING), "fixed_us": (0.2, 10.0), "broadcast_memory": (0.1, COPY_CEILING)})
+        self._fit_host()
         return self.hw
+
+    def _fit_host(self) -> None:
+        """HF eager host time per op, from the wall time of the steps the host cannot keep busy."""
+        def error(us):
+            hw = replace(self.hw, efficiency=replace(self.hw.efficiency, eager_host_us=us))
+            return sum(_log_error(predict_ms(s, hw)["wall"], s.measured_ms["wall"])
+                       for s in self.scenarios if s.measured_ms["wall"] > 0)
+        best = min((x / 2 for x in range(10, 161)), key=error)  # 5-80 us in 0.5 us steps
+        self.hw = replace(self.hw, efficiency=replace(self.hw.efficiency, eager_host_us=best))
 
 
 def efficiency_json(eff: Efficiency, origin: str) -> dict:
@@ -186,7 +199,7 @@ def efficiency_json(eff: Efficiency, origin: str) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in section.__dict__.items()}
     return {"origin": origin, "gemm": rounded(eff.gemm), "grouped_gemm": rounded(eff.grouped_gemm),
             "attention": rounded(eff.attention), "elementwise": rounded(eff.elementwise),
-            "communication": eff.communication}
+            "communication": eff.communication, "eager_host_us": eff.eager_host_us}
 
 
 def main(argv=None) -> int:

@@ -42,7 +42,13 @@ class Estimate:
     flops: float
     bytes: float
     num_kernels: int
+    host_s: float = 0.0        # CPU time to launch the step's kernels
     kernels: list[PricedKernel] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        """The step as a clock sees it: kernels run while the host launches, so the slower of the two."""
+        return max(self.latency_s, self.host_s)
 
     def top(self, n: int = 10) -> list[tuple[str, str, float, int]]:
         """Heaviest kernels grouped by (name, module kind): (name, class, seconds, launches)."""
@@ -93,7 +99,15 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         bound[pk.time.bound] += pk.total_seconds
     comm = communication_seconds(trace, par, hw)
     breakdown[COMMUNICATION] = comm
+    launches = sum(k.count for k in kernels)
     return Estimate(device=hw.name, execution=execution, parallelism=par, latency_s=sum(breakdown.values()),
                     breakdown_s=breakdown, bound_s=bound, flops=sum(k.flops * k.count for k in kernels),
-                    bytes=sum(k.bytes * k.count for k in kernels), num_kernels=sum(k.count for k in kernels),
-                    kernels=priced)
+                    bytes=sum(k.bytes * k.count for k in kernels), num_kernels=launches,
+                    host_s=host_seconds(trace, execution, launches, hw), kernels=priced)
+
+
+def host_seconds(trace: Trace, execution: str, launches: int, hw: HardwareProfile) -> float:
+    """HF eager pays Python dispatch per op; an engine launches each kernel, and replays decode as a CUDA graph."""
+    if execution != ENGINE:
+        return launches * hw.efficiency.eager_host_us * 1e-6
+    return 0.0 if trace.request.decode else launches * hw.kernel_launch_us * 1e-6

@@ -47,6 +47,7 @@ class Efficiency:
     elementwise: StreamEfficiency
     communication: float    # fraction of interconnect bandwidth a collective reaches
     origin: str             # "fitted on ..." or "carried over from ..."
+    eager_host_us: float = 25.0  # host time per launched op in HF eager (Python dispatch + launch)
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def _efficiency(data: dict, where: str, seen: tuple = ()) -> Efficiency:
                       attention=section("attention", AttentionEfficiency),
                       elementwise=section("elementwise", StreamEfficiency),
                       communication=_require(eff, "communication", float, where),
-                      origin=eff.get("origin", "fitted"))
+                      origin=eff.get("origin", "fitted"), eager_host_us=float(eff.get("eager_host_us", 25.0)))
 
 
 def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> HardwareProfile:

@@ -37,7 +37,7 @@ class StepCost:
         if request not in self._cache:
             e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, Parallelism(self.tp))
             attention = e.breakdown_s["attention"]
-            self._cache[request] = (e.latency_s - attention, attention)
+            self._cache[request] = (e.wall_s - attention, attention)
         return self._cache[request]
 
     def linear(self, tokens: int) -> float:

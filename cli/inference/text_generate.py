@@ -44,7 +44,7 @@ class Result:
     def throughput(self) -> float:
         """Prefill: prompt tokens served per second (cache hits included); decode: tokens generated per second."""
         tokens = self.info.num_queries * (1 if self.info.decode else self.config.query_length)
-        return tokens / self.estimate.latency_s
+        return tokens / self.estimate.wall_s
 
     def as_json(self) -> dict:
         e, info = self.estimate, self.info
@@ -58,6 +58,7 @@ class Result:
                         "original_query_length": self.config.query_length,
                         "original_context_length": self.config.context_length},
             "latency_ms": e.latency_s * 1e3,
+            "host_ms": e.host_s * 1e3, "wall_ms": e.wall_s * 1e3,
             "breakdown_ms": {c: e.breakdown_s[c] * 1e3 for c in BREAKDOWN_CLASSES},
             "bound_ms": {b: e.bound_s[b] * 1e3 for b in (COMPUTE, MEMORY, OVERHEAD)},
             "flops": e.flops, "bytes": e.bytes, "num_kernels": e.num_kernels,
@@ -91,7 +92,10 @@ def render(r: Result) -> str:
                                           f"tokens hit, rate {r.config.prefix_cache_hit_rate})"
                                           if r.config.hit_rate_applies else ""),
              "",
-             f"{label}: {e.latency_s * 1e3:.3f} ms    throughput: {r.throughput:,.0f} tokens/s",
+             f"{label}: {e.latency_s * 1e3:.3f} ms of kernels    throughput: {r.throughput:,.0f} tokens/s",
+             f"host launches: {e.host_s * 1e3:.3f} ms"
+             + ("  (HOST-BOUND: the step takes {:.3f} ms of wall time)".format(e.wall_s * 1e3)
+                if e.host_s > e.latency_s else ""),
              ""]
     rows = [[c, f"{e.breakdown_s[c] * 1e3:.3f}", f"{e.breakdown_s[c] / e.latency_s * 100:.1f}%"]
             for c in BREAKDOWN_CLASSES]

@@ -85,7 +85,7 @@ class Evaluator:
         key = (request, tp, ep)
         if key not in self._latency:
             t = trace(self.spec, request, self.options)
-            self._latency[key] = estimate(t, self.hw, self.execution, Parallelism(tp, ep)).latency_s
+            self._latency[key] = estimate(t, self.hw, self.execution, Parallelism(tp, ep)).wall_s
         return self._latency[key]
 
     def wave_s(self, batch: int, tp: int, ep: int) -> float:
