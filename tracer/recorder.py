@@ -22,6 +22,8 @@ from .work import (ATTENTION, FUSION_ACTIVATION, FUSION_CAST, FUSION_NORM, FUSIO
 
 FUSION_ROUTING = "routing"
 _LAYER_RE = re.compile(r"\.layers\.(\d+)(\.|$)")
+# attention and MLP blocks of a decoder layer: the scope inside which an engine fuses ops of one kind
+_BLOCK_RE = re.compile(r"^(.*\.layers\.\d+\.(?:self_attn|attention|mlp|block_sparse_moe|feed_forward))(?:\.|$)")
 _ACTIVE: list["Recorder"] = []
 
 
@@ -69,8 +71,6 @@ class _Raw:
 def _fusion_group(name: str, op_class: str, module_type: str) -> str | None:
     if op_class != OTHER:
         return None
-    if name.endswith("_to_copy"):
-        return FUSION_CAST
     mt = module_type.lower()
     if "norm" in mt:
         return FUSION_NORM
@@ -82,7 +82,8 @@ def _fusion_group(name: str, op_class: str, module_type: str) -> str | None:
         return FUSION_ACTIVATION
     if "decoderlayer" in mt or "block" in mt:
         return FUSION_RESIDUAL
-    return None
+    # a dtype cast outside those modules still fuses into its neighbour in an engine
+    return FUSION_CAST if name.endswith("_to_copy") else None
 
 
 def _tp_sharded(module_path: str, module_type: str) -> bool:
@@ -259,22 +260,41 @@ class Recorder(TorchDispatchMode):
         return super().__exit__(*exc)
 
     # --- result ------------------------------------------------------------------------------------
-    def finish(self) -> list[Op]:
-        """Freeze ops, pricing each fused kernel (maximal run of fusable ops in one layer) by its boundary bytes."""
+    def _fused_kernels(self) -> list[list[int]]:
+        """Group fusable ops into the kernels an engine runs. Inside an attention or MLP block, all ops of one
+        fusion group are one kernel even when a GEMM sits between them (the engine merges those GEMMs: gate/up,
+        q/k/v); elsewhere a kernel is a run of adjacent fusable ops in one layer (residual add + next norm)."""
+        blocks: dict[tuple, list[int]] = {}
         kernels: list[list[int]] = []
         current: list[int] = []
         scope = None
         for i, raw in enumerate(self.ops):
-            this_scope = (raw.layer, raw.module if raw.layer is None else None)
-            if raw.fusion_group is not None and (not current or this_scope == scope):
-                current.append(i)
-                scope = this_scope
+            if raw.fusion_group is None:
+                if current:
+                    kernels.append(current)
+                current, scope = [], None
                 continue
-            if current:
+            block = _BLOCK_RE.match(raw.module)
+            if block is not None:
+                key = (block.group(1), raw.fusion_group)
+                if key not in blocks:
+                    blocks[key] = []
+                    kernels.append(blocks[key])
+                blocks[key].append(i)
+                continue
+            this_scope = (raw.layer, raw.module if raw.layer is None else None)
+            if current and this_scope != scope:
                 kernels.append(current)
-            current, scope = ([i], this_scope) if raw.fusion_group is not None else ([], None)
+                current = []
+            current.append(i)
+            scope = this_scope
         if current:
             kernels.append(current)
+        return kernels
+
+    def finish(self) -> list[Op]:
+        """Freeze ops, pricing each fused kernel by the bytes that cross its boundary."""
+        kernels = self._fused_kernels()
 
         fused: dict[int, tuple[float, str]] = {}
         for k, members in enumerate(kernels):
