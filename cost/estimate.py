@@ -50,17 +50,19 @@ class Estimate:
         """The step as a clock sees it: kernels run while the host launches, so the slower of the two."""
         return max(self.latency_s, self.host_s)
 
-    def top(self, n: int = 10) -> list[tuple[str, str, float, int]]:
-        """Heaviest kernels grouped by (name, module kind): (name, class, seconds, launches)."""
-        groups: dict[tuple, list] = defaultdict(lambda: [0.0, 0])
+    def top(self, n: int = 10) -> list[tuple[str, str, float, int, str]]:
+        """Heaviest kernels grouped by (name, module kind): (name, class, seconds, launches, dominant bound)."""
+        groups: dict[tuple, list] = defaultdict(lambda: [0.0, 0, defaultdict(float)])
         for pk in self.kernels:
             op = pk.kernel.op
             where = op.module.split(".")[-1] if op is not None and op.module else ""
             g = groups[(pk.kernel.name, pk.kernel.op_class, where)]
             g[0] += pk.total_seconds
             g[1] += pk.kernel.count
+            g[2][pk.time.bound] += pk.total_seconds
         rows = sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]
-        return [(f"{name} [{where}]" if where else name, cls, s, c) for (name, cls, where), (s, c) in rows]
+        return [(f"{name} [{where}]" if where else name, cls, s, c, max(b, key=b.get))
+                for (name, cls, where), (s, c, b) in rows]
 
 
 def price_kernel(k: Kernel, hw: HardwareProfile) -> KernelTime:

@@ -187,3 +187,13 @@ def test_untested_transformers_release_is_refused(monkeypatch):
     monkeypatch.delenv(compat.OVERRIDE_ENV)
     monkeypatch.setattr(transformers, "__version__", "5.20.1")
     compat.check_versions()
+
+
+def test_unsupported_architecture_fails_in_one_line_naming_the_module(tmp_path, capsys):
+    from transformers import AutoConfig
+    cfg = AutoConfig.for_model("jamba", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, num_experts=4, vocab_size=100).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(cfg, default=str))
+    assert tracer_main([str(tmp_path), "-q", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tracing failed in module 'model.layers." in err and "Traceback" not in err

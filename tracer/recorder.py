@@ -76,10 +76,10 @@ def _fusion_group(name: str, op_class: str, module_type: str) -> str | None:
         return FUSION_NORM
     if "rotary" in mt or "attention" in mt:
         return FUSION_ROTARY
-    if "router" in mt or "gate" == mt or "moe" in mt or "sparse" in mt:
-        return FUSION_ROUTING
     if "mlp" in mt or "experts" in mt or "activation" in mt or mt.endswith("act"):
         return FUSION_ACTIVATION
+    if "router" in mt or "gate" == mt or "moe" in mt or "sparse" in mt:
+        return FUSION_ROUTING
     if "decoderlayer" in mt or "block" in mt:
         return FUSION_RESIDUAL
     # a dtype cast outside those modules still fuses into its neighbour in an engine

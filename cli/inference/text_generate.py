@@ -64,7 +64,8 @@ class Result:
             "flops": e.flops, "bytes": e.bytes, "num_kernels": e.num_kernels,
             "throughput_tokens_per_s": self.throughput,
             "memory_gb": self.memory.as_gb(), "fits_in_memory": self.memory.fits,
-            "top_ops": [{"name": n, "class": c, "ms": s * 1e3, "launches": k} for n, c, s, k in e.top(10)],
+            "top_ops": [{"name": n, "class": c, "ms": s * 1e3, "launches": k, "bound": b}
+                        for n, c, s, k, b in e.top(10)],
             "notes": self.trace.notes + [MEMORY_NOTE, f"efficiency: {self.hw.efficiency.origin}"],
         }
 
@@ -103,8 +104,8 @@ def render(r: Result) -> str:
     lines.append("")
     lines.append(format_table(["bound", "ms"], [[b, f"{e.bound_s[b] * 1e3:.3f}"] for b in (COMPUTE, MEMORY, OVERHEAD)]))
     lines.append("")
-    lines.append(format_table(["top ops", "class", "ms", "launches"],
-                              [[n, c, f"{s * 1e3:.3f}", k] for n, c, s, k in e.top(8)]))
+    lines.append(format_table(["top ops", "class", "ms", "launches", "bound"],
+                              [[n, c, f"{s * 1e3:.3f}", k, b] for n, c, s, k, b in e.top(8)]))
     lines.append("")
     g = m.as_gb()
     lines.append(format_table(["memory per device", "GB"], [[k, f"{v:.2f}"] for k, v in g.items()]))
