@@ -197,3 +197,21 @@ def test_unsupported_architecture_fails_in_one_line_naming_the_module(tmp_path, 
     assert tracer_main([str(tmp_path), "-q", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tracing failed in module 'model.layers." in err and "Traceback" not in err
+
+
+def test_quantization_config_sets_the_weight_format(tmp_path):
+    from tracer.model_source import config_weight_dtype
+    cfg = resolve_model("llama-3.2-1b").config
+    assert config_weight_dtype(cfg) is None
+    assert config_weight_dtype({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}) == "fp8"
+    assert config_weight_dtype({"quantization_config": {"quant_method": "awq", "bits": 4}}) == "int4"
+    assert config_weight_dtype({"quantization_config": {"quant_method": "mxfp4"}}) == "fp4"
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, quantization_config={"quant_method": "fp8"})))
+    req = Request(1, 1, 64, decode=True)
+    auto, bf16 = trace(str(tmp_path), req), trace(str(tmp_path), req, TraceOptions(dtype="bf16"))
+    assert auto.options.dtype == "fp8" and auto.weight_bytes == pytest.approx(bf16.weight_bytes / 2)
+    assert any("quantization_config" in n for n in auto.notes)
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, quantization_config={"quant_method": "gptq",
+                                                                                     "bits": 4})))
+    w4 = trace(str(tmp_path), req)
+    assert {op.dtype for op in w4.ops if op.op_class == "gemm"} == {"bf16"}  # dequantized to bf16 for the GEMM

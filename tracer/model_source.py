@@ -78,3 +78,21 @@ def resolve_model(model: str) -> ModelSpec:
                          f"config.json path, or download it first (huggingface-cli download {model} config.json)")
     raise ModelError(f"unknown model '{model}': use a bundled name (python -m tracer --list), "
                      f"a folder holding config.json, a config.json path, or a Hugging Face id in the local cache")
+
+
+def config_weight_dtype(config: dict) -> str | None:
+    """The weight format a config's quantization_config declares (fp8, int8, int4, fp4), or None."""
+    q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
+    if method in ("fp8", "fbgemm_fp8", "finegrained_fp8") or "fp8" in str(q.get("fmt", "")).lower():
+        return "fp8"
+    if method in ("mxfp4", "nvfp4", "fp4"):
+        return "fp4"
+    if method in ("awq", "gptq", "autoround", "hqq", "bitsandbytes", "compressed-tensors", "quanto") and bits:
+        return {4: "int4", 8: "int8"}.get(int(bits))
+    if method == "bitsandbytes":
+        return "int4" if q.get("load_in_4bit") else "int8" if q.get("load_in_8bit") else None
+    return None

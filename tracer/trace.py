@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import torch
 
-from .build import DTYPE_BYTES, QUANTIZED_DTYPES, TORCH_DTYPES, BuiltModel, build_model
+from .build import DTYPE_BYTES, GEMM_COMPUTE_DTYPE, QUANTIZED_DTYPES, TORCH_DTYPES, BuiltModel, build_model
 from .kv_cache import MetaKVCache
-from .model_source import ModelError, ModelSpec, resolve_model
+from .model_source import ModelError, ModelSpec, config_weight_dtype, resolve_model
 from .recorder import Recorder
 from .work import GEMM, Op, Request, Trace, TraceOptions
 
@@ -46,7 +46,8 @@ def _quantize_weights(ops: list[Op], dtype: str) -> list[Op]:
     for op in ops:
         if op.op_class == GEMM:
             saved = op.weight_bytes * (1.0 - scale)
-            op = replace(op, dtype=dtype, weight_bytes=op.weight_bytes - saved, bytes_read=op.bytes_read - saved)
+            op = replace(op, dtype=GEMM_COMPUTE_DTYPE[dtype], weight_bytes=op.weight_bytes - saved,
+                         bytes_read=op.bytes_read - saved)
         out.append(op)
     return out
 
@@ -67,6 +68,9 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     """Every op of one forward step, with exact work. Cached per (model, request, options)."""
     spec = resolve_model(model) if isinstance(model, str) else model
     validate(request)
+    from_config = options.dtype == "auto"
+    if from_config:
+        options = replace(options, dtype=config_weight_dtype(spec.config) or "bf16")
     build_dtype = options.dtype if options.dtype in TORCH_DTYPES else "bf16"
     if options.dtype not in TORCH_DTYPES and options.dtype not in QUANTIZED_DTYPES:
         raise ModelError(f"unknown dtype '{options.dtype}' (choose from {', '.join(DTYPE_BYTES)})")
@@ -92,7 +96,7 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         kv_bytes_per_token=kv_written / max(1, request.tokens),
         weight_bytes=built.params * DTYPE_BYTES[options.dtype], trace_seconds=time.perf_counter() - start,
         kv_element_size=DTYPE_BYTES[kv_dtype], hidden_size=_hidden_size(built.config),
-        unformulated=dict(_LAST_UNFORMULATED), notes=_notes(built, options))
+        unformulated=dict(_LAST_UNFORMULATED), notes=_notes(built, options, from_config))
     _TRACE_CACHE[key] = result
     while len(_TRACE_CACHE) > 512:
         _TRACE_CACHE.popitem(last=False)
@@ -107,8 +111,10 @@ def _hidden_size(config) -> int:
     return int(getattr(text, "hidden_size", 0) or 0)
 
 
-def _notes(built: BuiltModel, options: TraceOptions) -> list[str]:
+def _notes(built: BuiltModel, options: TraceOptions, from_config: bool = False) -> list[str]:
     notes = []
+    if from_config and options.dtype in QUANTIZED_DTYPES:
+        notes.append(f"weights priced as {options.dtype} from the config's quantization_config (--dtype overrides)")
     if built.mla_modules:
         notes.append("MLA attention in the absorbed (serving engine) form: latent KV cache, attention in latent space"
                      if options.mla_form == "absorbed" else

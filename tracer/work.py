@@ -115,7 +115,7 @@ class Request:
 
 @dataclass(frozen=True)
 class TraceOptions:
-    dtype: str = "bf16"
+    dtype: str = "auto"                    # auto: bf16, or the weight format of the config's quantization_config
     kv_cache_dtype: str | None = None      # None: same as dtype
     mla_form: str = "absorbed"             # absorbed (engine) | hf (re-expand latent cache each step)
     moe_imbalance: float = 1.0
