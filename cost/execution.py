@@ -48,7 +48,7 @@ def _shard_op(op: Op, tp: int, ep: int, act_bytes: int, kv_bytes: float) -> Op:
         return op
     if op.attention is not None:
         w = op.attention
-        sharded = replace(w, heads=max(1, w.heads // tp), kv_heads=max(1, w.kv_heads // tp))
+        sharded = replace(w, heads=-(-w.heads // tp), kv_heads=-(-w.kv_heads // tp))  # uneven splits: the busiest rank
         read, written = attention_bytes(sharded, act_bytes, kv_bytes)
         return replace(op, attention=sharded, flops=attention_flops(sharded), bytes_read=read, bytes_written=written)
     gemm = op.gemm
