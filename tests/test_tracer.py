@@ -215,3 +215,22 @@ def test_quantization_config_sets_the_weight_format(tmp_path):
                                                                                      "bits": 4})))
     w4 = trace(str(tmp_path), req)
     assert {op.dtype for op in w4.ops if op.op_class == "gemm"} == {"bf16"}  # dequantized to bf16 for the GEMM
+
+
+def test_disk_cache_skips_torch_on_a_repeat(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys; from tracer import trace, Request; t = trace('llama-3.2-1b', Request(1, 8, 0)); "
+            "print('torch' in sys.modules, t.flops, t.num_ops)")
+    env = dict(os.environ, TRACECOST_CACHE_DIR=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("TRACECOST_NO_CACHE", None)
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert first.stdout.split()[0] == "True" and second.stdout.split()[0] == "False"
+    assert first.stdout.split()[1:] == second.stdout.split()[1:]
+    assert len(list((tmp_path / "traces").glob("*.pkl"))) == 1
+    env["TRACECOST_NO_CACHE"] = "1"
+    third = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert third.stdout.split()[0] == "True"

@@ -6,10 +6,12 @@ so the work is counted in closed form rather than from a dense mask.
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from .recorder import active_recorder
 from .work import ATTENTION, MATRIX, AttentionWork
+
+if TYPE_CHECKING:  # the work formulas above the recording hook need no torch: the cost model imports them
+    import torch
 
 IMPLEMENTATION_NAME = "tracecost"
 
@@ -61,6 +63,7 @@ def record_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """Record attention over [B, H, Q, D] queries and [B, Hkv, C+Q, D] keys; return [B, Q, H, Dv]."""
     batch, heads, q_len, qk_dim = query.shape
     kv_heads, kv_len, v_dim = key.shape[1], key.shape[2], value.shape[-1]
+    from .recorder import active_recorder
     out = query.new_empty(batch, q_len, heads, v_dim)
     rec = active_recorder()
     if rec is not None:

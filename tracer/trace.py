@@ -6,14 +6,17 @@ import time
 import warnings
 from collections import OrderedDict
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import torch
-
-from .build import DTYPE_BYTES, GEMM_COMPUTE_DTYPE, QUANTIZED_DTYPES, TORCH_DTYPES, BuiltModel, build_model
-from .kv_cache import MetaKVCache
+from . import disk_cache
+from .dtypes import DTYPE_BYTES, GEMM_COMPUTE_DTYPE, QUANTIZED_DTYPES, TORCH_DTYPE_NAMES
 from .model_source import ModelError, ModelSpec, config_weight_dtype, resolve_model
-from .recorder import Recorder
 from .work import GEMM, Op, Request, Trace, TraceOptions
+
+if TYPE_CHECKING:  # torch and transformers load only when a trace is not cached
+    import torch
+
+    from .build import BuiltModel
 
 
 def validate(request: Request) -> None:
@@ -71,8 +74,8 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     from_config = options.dtype == "auto"
     if from_config:
         options = replace(options, dtype=config_weight_dtype(spec.config) or "bf16")
-    build_dtype = options.dtype if options.dtype in TORCH_DTYPES else "bf16"
-    if options.dtype not in TORCH_DTYPES and options.dtype not in QUANTIZED_DTYPES:
+    build_dtype = options.dtype if options.dtype in TORCH_DTYPE_NAMES else "bf16"
+    if options.dtype not in TORCH_DTYPE_NAMES and options.dtype not in QUANTIZED_DTYPES:
         raise ModelError(f"unknown dtype '{options.dtype}' (choose from {', '.join(DTYPE_BYTES)})")
     kv_dtype = options.kv_cache_dtype or build_dtype
     if kv_dtype not in DTYPE_BYTES:
@@ -81,7 +84,12 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     if key in _TRACE_CACHE:
         _TRACE_CACHE.move_to_end(key)
         return _TRACE_CACHE[key]
+    cached = disk_cache.load(key)
+    if cached is not None:
+        _remember(key, cached)
+        return cached
 
+    from .build import build_model
     prepare()
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
@@ -97,10 +105,15 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         weight_bytes=built.params * DTYPE_BYTES[options.dtype], trace_seconds=time.perf_counter() - start,
         kv_element_size=DTYPE_BYTES[kv_dtype], hidden_size=_hidden_size(built.config),
         unformulated=dict(_LAST_UNFORMULATED), notes=_notes(built, options, from_config))
+    _remember(key, result)
+    disk_cache.store(key, result)
+    return result
+
+
+def _remember(key, result: Trace) -> None:
     _TRACE_CACHE[key] = result
     while len(_TRACE_CACHE) > 512:
         _TRACE_CACHE.popitem(last=False)
-    return result
 
 
 _LAST_UNFORMULATED: dict[str, int] = {}
@@ -125,6 +138,10 @@ def _notes(built: BuiltModel, options: TraceOptions, from_config: bool = False) 
 
 
 def _run(built: BuiltModel, request: Request, kv_element_size: float, moe_imbalance: float, model_name: str) -> list[Op]:
+    import torch
+
+    from .kv_cache import MetaKVCache
+    from .recorder import Recorder
     batch, q_len, context = request.num_queries, request.query_length, request.context_length
     recorder = Recorder(built.model)
     recorder.context_length = context

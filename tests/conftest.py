@@ -1,0 +1,5 @@
+import os
+import tempfile
+
+# tests never read traces cached by earlier runs or by the user: a fresh cache directory per session
+os.environ["TRACECOST_CACHE_DIR"] = tempfile.mkdtemp(prefix="tracecost-test-cache-")
