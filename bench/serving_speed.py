@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ def main() -> int:
             "--request-rate", "20", "--json"]
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "cli.inference.serving_sim", *args], cwd=ROOT, check=True,
-                   capture_output=True)
+                   capture_output=True, env=dict(os.environ, TRACECOST_NO_CACHE="1"))
     print(f"10,000 multi-turn-chat requests: {time.perf_counter() - start:.1f} s wall (process start included)")
     return 0
 
