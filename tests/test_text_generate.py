@@ -121,3 +121,16 @@ def test_cli_subprocess_report_and_errors():
         assert bad.returncode == 2, (args, bad.stderr)
         assert needle in bad.stderr and "Traceback" not in bad.stderr
         assert bad.stderr.strip().count("\n") == 0
+
+
+def test_kv_cache_dtype_execution_and_expert_parallel_flags(capsys):
+    base = ["qwen3-30b-a3b", "--device", "h200", "-b", "32", "--decode", "-c", "4096"]
+    bf16 = run_json(capsys, *base)
+    fp8 = run_json(capsys, *base, "--kv-cache-dtype", "fp8")
+    assert fp8["memory_gb"]["kv_cache"] == pytest.approx(bf16["memory_gb"]["kv_cache"] / 2)
+    assert fp8["breakdown_ms"]["attention"] < bf16["breakdown_ms"]["attention"]
+    eager = run_json(capsys, *base, "--execution", "eager")
+    assert eager["execution"] == "eager" and eager["latency_ms"] > bf16["latency_ms"]
+    assert eager["wall_ms"] >= eager["latency_ms"] and eager["host_ms"] > bf16["host_ms"]
+    ep = run_json(capsys, *base, "--tp-size", "4", "--ep-size", "4")
+    assert ep["breakdown_ms"]["communication"] > 0 and ep["memory_gb"]["weights"] < bf16["memory_gb"]["weights"] / 3
