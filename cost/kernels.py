@@ -102,15 +102,16 @@ def attention_time(flops: float, nbytes: float, w: AttentionWork, dtype: str, hw
     if w.query_length == 1:
         compute = flops / (hw.matrix_peak(dtype) * efficiency)
     else:
-        per_head, longest = flash_tiles(w, eff.tile_q, eff.tile_k, full_rectangle=masked)
-        ctas = math.ceil(w.query_length / eff.tile_q) * w.batch * w.heads
+        tile_q, tile_k = (eff.masked_tile_q, eff.masked_tile_k) if masked else (eff.tile_q, eff.tile_k)
+        per_head, longest = flash_tiles(w, tile_q, tile_k, full_rectangle=masked)
+        ctas = math.ceil(w.query_length / tile_q) * w.batch * w.heads
         # a CTA's keys cannot spread over units, except that with fewer CTAs than units the keys are split
         split = max(1, hw.compute_units // ctas)
         makespan = max(per_head * w.batch * w.heads / hw.compute_units, longest / split)
-        tile_flops = 2.0 * eff.tile_q * eff.tile_k * (w.qk_head_dim + w.v_head_dim)
+        tile_flops = 2.0 * tile_q * tile_k * (w.qk_head_dim + w.v_head_dim)
         per_unit_matrix = hw.matrix_peak(dtype) / hw.compute_units * efficiency
         per_unit_vector = hw.vector_peak("fp32") / hw.compute_units
-        tile_seconds = tile_flops / per_unit_matrix + eff.tile_q * eff.tile_k * eff.softmax_ops / per_unit_vector
+        tile_seconds = tile_flops / per_unit_matrix + tile_q * tile_k * eff.softmax_ops / per_unit_vector
         compute = makespan * tile_seconds
     return KernelTime(max(compute, memory) + fixed, compute, memory, fixed)
 

@@ -29,7 +29,9 @@ class AttentionEfficiency:
     fixed_us: float
     tile_q: int = 128
     tile_k: int = 128
-    softmax_ops: float = 0.0  # vector ops per score (exp, max, sum, scale): costs the same for any head dim
+    softmax_ops: float = 0.0
+    masked_tile_q: int = 128  # the eager prefix path's kernel (FlashAttention-2 through SDPA with a bias)
+    masked_tile_k: int = 128  # vector ops per score (exp, max, sum, scale): costs the same for any head dim
 
 
 @dataclass(frozen=True)
