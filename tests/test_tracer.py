@@ -234,3 +234,32 @@ def test_disk_cache_skips_torch_on_a_repeat(tmp_path):
     env["TRACECOST_NO_CACHE"] = "1"
     third = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert third.stdout.split()[0] == "True"
+
+
+def test_hf_id_from_the_local_cache(tmp_path, monkeypatch):
+    snapshot = tmp_path / "models--acme--tiny-llama" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(resolve_model("llama-3.2-1b").config))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    spec = resolve_model("acme/tiny-llama")
+    assert spec.name == "acme/tiny-llama" and spec.folder == str(snapshot)
+    assert trace(spec, Request(1, 4, 0)).params == trace("llama-3.2-1b", Request(1, 4, 0)).params
+
+
+def test_remote_code_runs_only_with_the_flag(tmp_path):
+    cfg = dict(resolve_model("llama-3.2-1b").config, model_type="acme_llama",
+               auto_map={"AutoConfig": "configuration_acme.AcmeConfig"})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    marker = tmp_path / "ran.txt"
+    (tmp_path / "configuration_acme.py").write_text(
+        "from pathlib import Path\nfrom transformers import LlamaConfig\n"
+        f"Path({str(marker)!r}).write_text('ran')\n"
+        "class AcmeConfig(LlamaConfig):\n    model_type = 'acme_llama'\n")
+    with pytest.raises(ModelError, match="--trust-remote-code"):
+        trace(str(tmp_path), Request(1, 4, 0))
+    assert not marker.exists()
+    try:
+        trace(str(tmp_path), Request(1, 4, 0), TraceOptions(trust_remote_code=True))
+    except ModelError:
+        pass  # building the model may still need modeling code this folder lacks; the config code ran
+    assert marker.exists()

@@ -65,7 +65,13 @@ def make_config(spec: ModelSpec, trust_remote_code: bool):
                              f"if you trust {spec.origin}")
         if not trust_remote_code:
             raise ModelError(f"model type '{model_type}' is not supported by transformers {compat.transformers_version()}")
-        return AutoConfig.from_pretrained(spec.origin, trust_remote_code=True)
+        if spec.folder is None:
+            raise ModelError(f"{spec.name}: remote code needs the model's folder, not just its config")
+        try:
+            return AutoConfig.from_pretrained(spec.folder, trust_remote_code=True)
+        except Exception as e:  # noqa: BLE001 - the remote code is the user's; report it in one line
+            raise ModelError(f"cannot load remote config code from {spec.folder}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
     try:
         return AutoConfig.for_model(model_type, **fields)
     except Exception as e:  # noqa: BLE001 - any config error is a user-facing model error

@@ -35,6 +35,7 @@ class ModelSpec:
     name: str
     config: dict
     origin: str
+    folder: str | None = None   # where config.json (and any remote code) lives
 
 
 def _read_config(path: Path, name: str, origin: str) -> ModelSpec:
@@ -44,7 +45,7 @@ def _read_config(path: Path, name: str, origin: str) -> ModelSpec:
         raise ModelError(f"cannot read model config {path}: {e}") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise ModelError(f"{path} is not a Hugging Face config.json (no 'model_type')")
-    return ModelSpec(name=name, config=config, origin=origin)
+    return ModelSpec(name=name, config=config, origin=origin, folder=str(path.parent))
 
 
 def _hf_cache_config(model_id: str) -> Path | None:
