@@ -18,9 +18,9 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tracer.model_source import ModelSpec
+from tracer.model_source import ModelError, ModelSpec
 from tracer.trace import trace
-from tracer.work import ATTENTION, GEMM, OTHER, GemmShape, Request
+from tracer.work import ATTENTION, GEMM, OTHER, GemmShape, Request, TraceOptions
 
 from .estimate import price_kernel
 from .execution import EAGER, build_kernels
@@ -46,11 +46,16 @@ def load_scenarios(directory: Path, progress=None) -> list[Scenario]:
     raw = json.loads((directory / "scenarios.json").read_text())["scenarios"]
     out = []
     for i, s in enumerate(raw):
-        if "error" in s or "by_class_ms" not in s:
+        if "error" in s or "by_class_ms" not in s or s.get("model") not in configs:
             continue
         spec = ModelSpec(s["model"], configs[s["model"]], str(directory))
         request = Request(s["batch"], s["query"], s["context"], decode=s["phase"] == "decode")
-        kernels = build_kernels(trace(spec, request), EAGER)
+        try:
+            # the measurements ran HF eager: its MLA re-expansion, bf16 unless the config says otherwise
+            kernels = build_kernels(trace(spec, request, TraceOptions(mla_form="hf")), EAGER)
+        except ModelError as e:
+            print(f"skipping {s['model']}: {e}", file=sys.stderr)
+            continue
         unique: dict = {}
         for k in kernels:
             key = (k.name, k.op_class, k.flops, k.bytes, k.dtype, k.gemm, k.masked, k.broadcast,

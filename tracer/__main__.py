@@ -24,8 +24,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "fp8/int8/fp4 GEMMs run at that precision, int4 weights are dequantized to bf16")
     p.add_argument("--kv-cache-dtype", default=None, choices=["bf16", "fp16", "fp32", "fp8", "int8"],
                    help="KV cache dtype (default: the model dtype)")
-    p.add_argument("--mla-form", default="absorbed", choices=["absorbed", "hf"],
-                   help="DeepSeek MLA: absorbed latent attention as engines run it (default) or HF's re-expansion")
+    p.add_argument("--mla-form", default="auto", choices=["auto", "absorbed", "hf"],
+                   help="DeepSeek MLA: absorbed latent attention as engines run it, or HF's re-expansion; auto "
+                        "(default): hf for --execution eager, absorbed otherwise")
     p.add_argument("--moe-imbalance", type=float, default=1.0,
                    help="tokens on the busiest expert relative to balanced routing (default 1.0)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow running a model's own remote code")
@@ -34,7 +35,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 def trace_options(args) -> TraceOptions:
     if args.moe_imbalance < 1.0:
         raise ValueError("--moe-imbalance must be >= 1.0")
-    return TraceOptions(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, mla_form=args.mla_form,
+    mla_form = args.mla_form
+    if mla_form == "auto":  # eager execution means HF's own code path
+        mla_form = "hf" if getattr(args, "execution", "engine") == "eager" else "absorbed"
+    args.mla_form = mla_form
+    return TraceOptions(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, mla_form=mla_form,
                         moe_imbalance=args.moe_imbalance, trust_remote_code=args.trust_remote_code,
                         dedup_layers=not getattr(args, "no_dedup", False))
 
@@ -123,7 +128,8 @@ def main(argv=None) -> int:
         from .trace import trace
         request = Request(args.num_queries, query, args.context_length, decode=args.decode, all_logits=args.all_logits)
         spec = resolve_model(args.model)
-        t = trace(spec, request, trace_options(args))
+        options = trace_options(args)
+        t = trace(spec, request, options)
     except (ValueError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
