@@ -162,7 +162,8 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig) -
         load_s = 0.0
         while queue and len(prefilling) + len(decoding) < config.max_running:
             r = queue[0]
-            hashes = r.block_hashes
+            # without prefix caching no block has an identity: identical prompts get blocks of their own
+            hashes = r.block_hashes if config.prefix_caching else []
             private = math.ceil((r.prompt_tokens + r.output_tokens) / bs) - len(hashes)
             if len(hashes) + private > config.gpu_blocks:
                 queue.popleft()
@@ -185,7 +186,7 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig) -
             cached = min((gpu_hits + cpu_loads) * bs, r.prompt_tokens - 1)  # the last token is always computed
             res.prompt_tokens += r.prompt_tokens
             res.reused_tokens += cached
-            res.prompt_blocks += len(hashes)
+            res.prompt_blocks += len(r.block_hashes)
             res.hit_blocks += gpu_hits + cpu_loads
             res.cpu_hit_blocks += cpu_loads
             prefilling.append(_Running(r, r.prompt_tokens - cached, cached, private))
@@ -230,7 +231,7 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig) -
         for s in finished:
             if s in decoding:
                 decoding.remove(s)
-            pool.release(s.req.block_hashes, s.private_blocks)
+            pool.release(s.req.block_hashes if config.prefix_caching else [], s.private_blocks)
             res.completed += 1
             res.output_tokens += s.req.output_tokens
             if s.req.output_tokens > 1:

@@ -138,3 +138,15 @@ def test_cli_json_and_errors(tmp_path, capsys):
     assert main(["llama-3.2-1b", "--device", "h100", "--workload", str(bad)]) == 2
     assert ":1:" in capsys.readouterr().err
     assert main(["llama-3.2-1b", "--device", "h100", "--workload", "no-such-preset"]) == 2
+
+
+def test_without_prefix_caching_identical_prompts_hold_their_own_blocks(cost):
+    reqs = shared_prompt(4, prompt=1024, user=16, out=4)
+    per_request = -(-(1024 + 16 + 4) // 16)
+    cfg = ServerConfig(block_size=16, gpu_blocks=100_000, block_bytes=1, prefix_caching=False)
+    res = simulate(reqs, cost, cfg)
+    assert res.reused_tokens == 0 and res.gpu_blocks_peak == 4 * per_request
+    shared = simulate(shared_prompt(4, prompt=1024, user=16, out=4), cost, ServerConfig(block_size=16,
+                                                                                        gpu_blocks=100_000,
+                                                                                        block_bytes=1))
+    assert shared.gpu_blocks_peak < res.gpu_blocks_peak
