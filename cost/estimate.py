@@ -81,8 +81,11 @@ def communication_seconds(trace: Trace, par: Parallelism, hw: HardwareProfile, a
     tokens = trace.request.tokens
     hidden_bytes = tokens * trace.hidden_size * act_bytes
     total = 0.0
+    moe_layers = sum(op.count for op in trace.ops if op.experts is not None)
     if par.tp > 1:
-        total += 2 * trace.num_layers * all_reduce_seconds(hidden_bytes, par.tp, hw)
+        # attention and MLP outputs are all-reduced; under EP a MoE layer's output is combined by all-to-all instead
+        reduces = 2 * trace.num_layers - (moe_layers if par.ep > 1 else 0)
+        total += reduces * all_reduce_seconds(hidden_bytes, par.tp, hw)
     if par.ep > 1:
         for op in trace.ops:
             if op.experts is not None:
