@@ -39,9 +39,9 @@ def _shard_op(op: Op, tp: int, ep: int, act_bytes: int, kv_bytes: float) -> Op:
         if ways == 1:
             return op
         w = op.experts
-        experts = replace(w, active_experts=w.active_experts / ep if ep > 1 else w.active_experts,
-                          intermediate_size=w.intermediate_size // (1 if ep > 1 else tp),
-                          tokens=w.tokens if ep == 1 else w.tokens)
+        # EP gives each rank 1/ep of the experts, whole; TP gives each rank a 1/tp slice of every expert
+        experts = (replace(w, active_experts=w.active_experts / ep) if ep > 1
+                   else replace(w, intermediate_size=max(1, w.intermediate_size // tp)))
         return replace(op, experts=experts, flops=op.flops / ways, bytes_read=op.bytes_read / ways,
                        bytes_written=op.bytes_written / ways, weight_bytes=op.weight_bytes / ways)
     if tp == 1 or not op.tp_sharded:

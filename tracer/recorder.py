@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import op_formulas
-from .work import (ATTENTION, FUSION_ACTIVATION, FUSION_CAST, FUSION_NORM, FUSION_RESIDUAL, FUSION_ROTARY, GEMM,
+from .work import (FUSION_ACTIVATION, FUSION_CAST, FUSION_NORM, FUSION_RESIDUAL, FUSION_ROTARY, GEMM,
                    OTHER, AttentionWork, ExpertsWork, GemmShape, Op)
 
 FUSION_ROUTING = "routing"
@@ -328,5 +328,3 @@ class Recorder(TorchDispatchMode):
                           source=next((p for p, _ in raw.reads if p is not None), None)))
         return ops
 
-
-__all__ = ["Recorder", "active_recorder", "ATTENTION", "GEMM", "OTHER", "FUSION_ROUTING"]
