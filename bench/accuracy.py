@@ -8,6 +8,7 @@ the median and max absolute % error per class and phase.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -28,12 +29,16 @@ def main(argv=None) -> int:
                                                           / "shared" / "measurements" / "h200"))
     p.add_argument("--device", default="h200")
     p.add_argument("--markdown", action="store_true", help="tables as Markdown, for the README")
+    p.add_argument("--json", action="store_true", help="per-scenario predictions and the error summary as JSON")
     args = p.parse_args(argv)
     hw = load_profile(args.device)
     scenarios = load_scenarios(Path(args.measurements))
-    rows, errors = [], {}
+    rows, errors, records = [], {}, []
     for s in scenarios:
         pred = predict_ms(s, hw)
+        records.append({"model": s.model, "phase": s.phase, "batch": s.batch, "query": s.query, "context": s.context,
+                        "predicted_ms": {c: pred[c] for c in CLASSES},
+                        "measured_ms": {c: s.measured_ms[c] for c in CLASSES}})
         row = [s.model, s.phase, s.batch, s.query, s.context]
         for c in CLASSES:
             err = (pred[c] / s.measured_ms[c] - 1) * 100
@@ -55,6 +60,11 @@ def main(argv=None) -> int:
         summary.append([LABELS.get(c, c), "all", len(allc), f"{statistics.median(allc):.1f}%",
                         f"{max(allc):.1f}%"])
     sheaders = ["class", "phase", "scenarios", "median abs err", "max abs err"]
+    if args.json:
+        print(json.dumps({"device": hw.name, "scenarios": records,
+                          "summary": [dict(zip(("class", "phase", "scenarios", "median_abs_err", "max_abs_err"), r))
+                                      for r in summary]}, indent=1))
+        return 0
     if args.markdown:
         def md(h, r):
             return "\n".join(["| " + " | ".join(map(str, h)) + " |", "|" + "---|" * len(h)] +

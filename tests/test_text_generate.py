@@ -134,3 +134,15 @@ def test_kv_cache_dtype_execution_and_expert_parallel_flags(capsys):
     assert eager["wall_ms"] >= eager["latency_ms"] and eager["host_ms"] > bf16["host_ms"]
     ep = run_json(capsys, *base, "--tp-size", "4", "--ep-size", "4")
     assert ep["breakdown_ms"]["communication"] > 0 and ep["memory_gb"]["weights"] < bf16["memory_gb"]["weights"] / 3
+
+
+def test_plot_draws_or_explains(tmp_path, capsys):
+    out = tmp_path / "ttft.png"
+    assert main(["llama-3.2-1b", "--device", "h200", "-q", "256", "--sweep-prefix-cache-hit-rate", "0,0.5",
+                 "--plot", str(out)]) == 0
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "needs matplotlib" in capsys.readouterr().err and not out.exists()
+    else:
+        assert out.stat().st_size > 0
