@@ -54,17 +54,16 @@ def main(argv=None) -> int:
         for phase in ("prefill", "decode"):
             e = errors.get((c, phase), [])
             if e:
-                summary.append([LABELS.get(c, c), phase, len(e), f"{statistics.median(e):.1f}%",
-                                f"{max(e):.1f}%"])
+                summary.append([LABELS.get(c, c), phase, len(e), statistics.median(e), max(e)])
         allc = errors.get((c, "prefill"), []) + errors.get((c, "decode"), [])
-        summary.append([LABELS.get(c, c), "all", len(allc), f"{statistics.median(allc):.1f}%",
-                        f"{max(allc):.1f}%"])
+        summary.append([LABELS.get(c, c), "all", len(allc), statistics.median(allc), max(allc)])
     sheaders = ["class", "phase", "scenarios", "median abs err", "max abs err"]
     if args.json:
         print(json.dumps({"device": hw.name, "scenarios": records,
-                          "summary": [dict(zip(("class", "phase", "scenarios", "median_abs_err", "max_abs_err"), r))
-                                      for r in summary]}, indent=1))
+                          "summary": [dict(zip(("class", "phase", "scenarios", "median_abs_err_pct",
+                                                "max_abs_err_pct"), r)) for r in summary]}, indent=1))
         return 0
+    summary = [r[:3] + [f"{r[3]:.1f}%", f"{r[4]:.1f}%"] for r in summary]
     if args.markdown:
         def md(h, r):
             return "\n".join(["| " + " | ".join(map(str, h)) + " |", "|" + "---|" * len(h)] +
