@@ -205,7 +205,8 @@ def test_quantization_config_sets_the_weight_format(tmp_path):
     assert config_weight_dtype(cfg) is None
     assert config_weight_dtype({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}) == "fp8"
     assert config_weight_dtype({"quantization_config": {"quant_method": "awq", "bits": 4}}) == "int4"
-    assert config_weight_dtype({"quantization_config": {"quant_method": "mxfp4"}}) == "fp4"
+    assert config_weight_dtype({"quantization_config": {"quant_method": "nvfp4"}}) == "fp4"
+    assert config_weight_dtype({"quantization_config": {"quant_method": "mxfp4"}}) == "int4"
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, quantization_config={"quant_method": "fp8"})))
     req = Request(1, 1, 64, decode=True)
     auto, bf16 = trace(str(tmp_path), req), trace(str(tmp_path), req, TraceOptions(dtype="bf16"))

@@ -90,8 +90,10 @@ def config_weight_dtype(config: dict) -> str | None:
     bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
     if method in ("fp8", "fbgemm_fp8", "finegrained_fp8") or "fp8" in str(q.get("fmt", "")).lower():
         return "fp8"
-    if method in ("mxfp4", "nvfp4", "fp4"):
+    if method in ("nvfp4", "fp4"):
         return "fp4"
+    if method == "mxfp4":  # gpt-oss: 4-bit weights that Hopper-class engines dequantize to bf16
+        return "int4"
     if method in ("awq", "gptq", "autoround", "hqq", "bitsandbytes", "compressed-tensors", "quanto") and bits:
         return {4: "int4", 8: "int8"}.get(int(bits))
     if method == "bitsandbytes":
