@@ -178,8 +178,10 @@ class Fitter:
         self._fit("gemm", ["compute", "memory", "fixed_us", "smoothness"], self.gemm_objective,
                   {"compute": (0.3, 1.0), "memory": (0.3, COPY_CEILING), "fixed_us": (0.5, 20.0), "smoothness": (1.5, 8.0)})
         if self.moe_models:
-            self._fit("grouped_gemm", ["compute", "memory", "fixed_us"], self.class_objective(GEMM, self.moe_models),
-                      {"compute": (0.2, 1.0), "memory": (0.2, COPY_CEILING), "fixed_us": (0.5, 40.0)})
+            self._fit("grouped_gemm", ["compute", "memory", "fixed_us", "per_group_us"],
+                      self.class_objective(GEMM, self.moe_models),
+                      {"compute": (0.2, 1.0), "memory": (0.2, COPY_CEILING), "fixed_us": (0.5, 40.0),
+                       "per_group_us": (0.001, 2.0)})
         self._fit("attention", ["compute", "masked_compute", "memory", "fixed_us", "softmax_ops"],
                   self.class_objective(ATTENTION),
                   {"compute": (0.1, 1.0), "masked_compute": (0.05, 1.0), "memory": (0.3, COPY_CEILING),

@@ -73,7 +73,9 @@ def experts_time(flops: float, nbytes: float, w: ExpertsWork, dtype: str, hw: Ha
     # the busiest expert sets the pace when routing is imbalanced
     flops = flops * w.imbalance if w.imbalance > 1 else flops
     shape = GemmShape(m=rows, n=up + w.hidden_size, k=w.hidden_size, batch=experts)
-    return gemm_time(flops, nbytes, shape, dtype, hw, grouped=True)
+    t = gemm_time(flops, nbytes, shape, dtype, hw, grouped=True)
+    per_group = hw.efficiency.grouped_gemm.per_group_us * 1e-6 * w.active_experts
+    return KernelTime(t.seconds + per_group, t.compute_s, t.memory_s, t.fixed_s + per_group)
 
 
 def flash_tiles(w: AttentionWork, tile_q: int, tile_k: int, full_rectangle: bool = False) -> tuple[float, int]:

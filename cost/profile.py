@@ -19,6 +19,7 @@ class GemmEfficiency:
     tile_m: int = 128
     tile_n: int = 256
     smoothness: float = 3.0  # p of the soft roofline max (t_c^p + t_m^p)^(1/p)
+    per_group_us: float = 0.0  # grouped GEMMs: scheduling cost per active group (expert)
 
 
 @dataclass(frozen=True)
