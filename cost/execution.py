@@ -81,15 +81,14 @@ def _mergeable_gemm(kernels: list[Kernel], op: Op, lookback: int = 4) -> int | N
 
 def _engine_kernels(ops: list[Op]) -> list[Kernel]:
     kernels: list[Kernel] = []
-    fused_seen: set[str] = set()
+    fused_at: dict[str, int] = {}  # fusion key -> index of its kernel; members need not be adjacent
     for op in ops:
         if op.op_class == OTHER and op.fusion_key is not None:
-            if op.fusion_key in fused_seen:
-                prev = kernels[-1] if kernels and kernels[-1].name == "fused" else None
-                if prev is not None:
-                    kernels[-1] = replace(prev, flops=prev.flops + op.flops, ops=prev.ops + 1)
+            if op.fusion_key in fused_at:
+                j = fused_at[op.fusion_key]
+                kernels[j] = replace(kernels[j], flops=kernels[j].flops + op.flops, ops=kernels[j].ops + 1)
                 continue
-            fused_seen.add(op.fusion_key)
+            fused_at[op.fusion_key] = len(kernels)
             kernels.append(Kernel(name="fused", op_class=OTHER, module=op.module, flops=op.flops,
                                   bytes=op.fused_bytes if op.fused_bytes is not None else op.bytes, dtype=op.dtype,
                                   count=op.count, op=op, ops=1))

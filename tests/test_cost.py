@@ -112,6 +112,11 @@ def test_engine_fuses_and_is_faster_than_eager():
     assert engine.num_kernels < eager.num_kernels
     assert engine.latency_s < eager.latency_s
     assert engine.flops == pytest.approx(eager.flops)
+    # every traced op lands in exactly one engine kernel, also when a fused group's members are not adjacent (MoE)
+    moe = trace("qwen3-30b-a3b", Request(2, 256, 0))
+    moe_engine, moe_eager = estimate(moe, hw, "engine"), estimate(moe, hw, "eager")
+    assert moe_engine.flops == pytest.approx(moe_eager.flops)
+    assert sum(pk.kernel.ops * pk.kernel.count for pk in moe_engine.kernels) == moe_eager.num_kernels
 
 
 def test_tensor_parallel_splits_work_and_adds_communication():
