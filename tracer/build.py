@@ -21,7 +21,20 @@ class BuiltModel:
     num_layers: int
     layer_groups: list[list[int]]  # each group: indices of identical decoder layers, first is traced
     params: int
+    active_params: int
     mla_modules: int
+
+
+def active_params(model: torch.nn.Module, config) -> int:
+    """Parameters one token touches: routed experts count only for the k of E a token is sent to."""
+    top_k = getattr(config, "num_experts_per_tok", None)
+    inactive = 0
+    for module in model.modules():
+        if hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and module.down_proj.dim() == 3 and top_k:
+            n_exp = module.down_proj.shape[0]
+            expert_params = sum(p.numel() for p in module.parameters(recurse=False))
+            inactive += expert_params * (n_exp - min(top_k, n_exp)) // n_exp
+    return sum(p.numel() for p in model.parameters()) - inactive
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
@@ -115,7 +128,8 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
     mla_modules = mla.use_absorbed_form(model) if mla_form == "absorbed" else sum(
         1 for m in model.modules() if mla.is_mla(m))
     built = BuiltModel(model=model, config=config, num_layers=len(layers), layer_groups=groups,
-                       params=sum(p.numel() for p in model.parameters()), mla_modules=mla_modules)
+                       params=sum(p.numel() for p in model.parameters()),
+                       active_params=active_params(model, config), mla_modules=mla_modules)
     _BUILD_CACHE[key] = built
     while len(_BUILD_CACHE) > 4:
         _BUILD_CACHE.popitem(last=False)

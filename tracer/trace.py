@@ -14,8 +14,6 @@ from .model_source import ModelError, ModelSpec, config_weight_dtype, resolve_mo
 from .work import GEMM, Op, Request, Trace, TraceOptions
 
 if TYPE_CHECKING:  # torch and transformers load only when a trace is not cached
-    import torch
-
     from .build import BuiltModel
 
 
@@ -28,18 +26,6 @@ def validate(request: Request) -> None:
         raise ValueError("context-length must be >= 0")
     if request.decode and request.query_length != 1:
         raise ValueError("decode steps have query-length 1")
-
-
-def _active_params(model: torch.nn.Module, config) -> int:
-    """Parameters one token touches: routed experts count only for the k of E a token is sent to."""
-    top_k = getattr(config, "num_experts_per_tok", None)
-    inactive = 0
-    for module in model.modules():
-        if hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and module.down_proj.dim() == 3 and top_k:
-            n_exp = module.down_proj.shape[0]
-            expert_params = sum(p.numel() for p in module.parameters(recurse=False))
-            inactive += expert_params * (n_exp - min(top_k, n_exp)) // n_exp
-    return sum(p.numel() for p in model.parameters()) - inactive
 
 
 def _quantize_weights(ops: list[Op], dtype: str) -> list[Op]:
@@ -93,18 +79,18 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     prepare()
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
-    ops = _run(built, request, kv_element_size=DTYPE_BYTES[kv_dtype], moe_imbalance=options.moe_imbalance,
-               model_name=spec.name)
+    ops, unformulated = _run(built, request, kv_element_size=DTYPE_BYTES[kv_dtype],
+                             moe_imbalance=options.moe_imbalance, model_name=spec.name)
     if options.dtype in QUANTIZED_DTYPES:
         ops = _quantize_weights(ops, options.dtype)
     kv_written = sum(op.bytes_written * op.count for op in ops if op.kv_cache_write)
     result = Trace(
         model=spec.name, request=request, options=options, ops=ops, params=built.params,
-        active_params=_active_params(built.model, built.config), num_layers=built.num_layers,
+        active_params=built.active_params, num_layers=built.num_layers,
         kv_bytes_per_token=kv_written / max(1, request.tokens),
         weight_bytes=built.params * DTYPE_BYTES[options.dtype], trace_seconds=time.perf_counter() - start,
         kv_element_size=DTYPE_BYTES[kv_dtype], hidden_size=_hidden_size(built.config),
-        unformulated=dict(_LAST_UNFORMULATED), notes=_notes(built, options, from_config))
+        unformulated=unformulated, notes=_notes(built, options, from_config))
     _remember(key, result)
     disk_cache.store(key, result)
     return result
@@ -114,9 +100,6 @@ def _remember(key, result: Trace) -> None:
     _TRACE_CACHE[key] = result
     while len(_TRACE_CACHE) > 512:
         _TRACE_CACHE.popitem(last=False)
-
-
-_LAST_UNFORMULATED: dict[str, int] = {}
 
 
 def _hidden_size(config) -> int:
@@ -137,7 +120,9 @@ def _notes(built: BuiltModel, options: TraceOptions, from_config: bool = False) 
     return notes
 
 
-def _run(built: BuiltModel, request: Request, kv_element_size: float, moe_imbalance: float, model_name: str) -> list[Op]:
+def _run(built: BuiltModel, request: Request, kv_element_size: float, moe_imbalance: float,
+         model_name: str) -> tuple[list[Op], dict[str, int]]:
+    """The step's ops (repeated layers multiplied) and the matrix ops that had no formula."""
     import torch
 
     from .kv_cache import MetaKVCache
@@ -164,8 +149,7 @@ def _run(built: BuiltModel, request: Request, kv_element_size: float, moe_imbala
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     finally:
         recorder.close()
-    _LAST_UNFORMULATED.clear()
-    _LAST_UNFORMULATED.update(recorder.unformulated)
     ops = recorder.finish()
     multiplicity = {group[0]: len(group) for group in built.layer_groups}
-    return [op.times(multiplicity.get(op.layer, 1)) if op.layer is not None else op for op in ops]
+    return ([op.times(multiplicity.get(op.layer, 1)) if op.layer is not None else op for op in ops],
+            dict(recorder.unformulated))
