@@ -68,11 +68,10 @@ def gemm_time(flops: float, nbytes: float, shape: GemmShape | None, dtype: str, 
 def experts_time(flops: float, nbytes: float, w: ExpertsWork, dtype: str, hw: HardwareProfile) -> KernelTime:
     """Grouped expert GEMMs: each active expert is a GEMM of tokens_per_expert rows."""
     rows = max(1, round(w.tokens_per_expert))
-    up = (2 if w.gated else 1) * w.intermediate_size
     experts = max(1, round(w.active_experts))
     # the busiest expert sets the pace when routing is imbalanced
     flops = flops * w.imbalance if w.imbalance > 1 else flops
-    shape = GemmShape(m=rows, n=up + w.hidden_size, k=w.hidden_size, batch=experts)
+    shape = GemmShape(m=rows, n=w.up_width + w.hidden_size, k=w.hidden_size, batch=experts)
     t = gemm_time(flops, nbytes, shape, dtype, hw, grouped=True)
     per_group = hw.efficiency.grouped_gemm.per_group_us * 1e-6 * w.active_experts
     return KernelTime(t.seconds + per_group, t.compute_s, t.memory_s, t.fixed_s + per_group)

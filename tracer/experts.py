@@ -23,12 +23,11 @@ def expected_active_experts(tokens: int, num_experts: int, top_k: int) -> float:
 
 
 def experts_flops(w: ExpertsWork) -> float:
-    up_width = (2 if w.gated else 1) * w.intermediate_size
-    return 2.0 * w.tokens * w.top_k * w.hidden_size * (up_width + w.intermediate_size)
+    return 2.0 * w.tokens * w.top_k * w.hidden_size * (w.up_width + w.intermediate_size)
 
 
 def expert_weight_elements(w: ExpertsWork) -> int:
-    return ((2 if w.gated else 1) * w.intermediate_size + w.intermediate_size) * w.hidden_size
+    return (w.up_width + w.intermediate_size) * w.hidden_size
 
 
 def _dims(module) -> tuple[int, int, int, bool]:
@@ -63,7 +62,7 @@ def tracecost_experts(self, hidden_states, top_k_index, top_k_weights):
                        intermediate_size=inter, gated=gated,
                        active_experts=expected_active_experts(tokens, num_experts, top_k), imbalance=rec.moe_imbalance)
     pairs, act = tokens * top_k, hidden_states.element_size()
-    up_width = (2 if gated else 1) * inter
+    up_width = work.up_width
     weight_bytes = work.active_experts * expert_weight_elements(work) * self.down_proj.element_size()
     rec.pending_experts = PendingExperts(
         work=work, flops=experts_flops(work),

@@ -54,6 +54,11 @@ class ExpertsWork:
     imbalance: float
 
     @property
+    def up_width(self) -> int:
+        """Output width of the up projection: gate and up stacked when the experts are gated."""
+        return (2 if self.gated else 1) * self.intermediate_size
+
+    @property
     def tokens_per_expert(self) -> float:
         return self.tokens * self.top_k / self.num_experts * self.imbalance
 
