@@ -28,14 +28,17 @@ def _pow2_at_least(n: int) -> int:
 
 
 class StepCost:
-    def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str, tp: int):
+    def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str, tp: int,
+                 engine: str = "vllm"):
         self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, tp
+        self.engine = engine
         self._cache: dict = {}
 
     def _parts(self, request: Request) -> tuple[float, float]:
         """(seconds without attention, attention seconds) of one forward."""
         if request not in self._cache:
-            e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, Parallelism(self.tp))
+            e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, Parallelism(self.tp),
+                         self.engine)
             attention = e.breakdown_s["attention"]
             self._cache[request] = (e.wall_s - attention, attention)
         return self._cache[request]

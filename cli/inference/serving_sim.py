@@ -59,7 +59,7 @@ def run(args) -> dict:
     spec, hw, options = resolve_model(args.model), load_profile(args.device), trace_options(args)
     requests = load_workload(args)
     config = server_config(args, spec, hw, options)
-    cost = StepCost(spec, hw, options, args.execution, args.tp_size)
+    cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine)
     runs = {"gpu" if not args.cpu_cache_gb else "gpu+cpu": config}
     if args.compare:
         cpu_blocks = config.cpu_blocks or int(64e9 // config.block_bytes)
