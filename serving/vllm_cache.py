@@ -1,0 +1,180 @@
+"""vLLM's prefix cache: a pool of physical KV blocks with a free queue that is also the eviction order.
+
+The rules, as vLLM v1 implements them (vllm/v1/core/block_pool.py, kv_cache_manager.py,
+single_type_kv_cache_manager.py, kv_cache_utils.py):
+- Block 0 is the null block and is never handed out, so N blocks hold N - 1 blocks of KV.
+- A free block (no running request refers to it) stays in the free queue with its hash, still hittable.
+  New blocks are popped from the queue's front; popping a block that has a hash evicts it (one eviction).
+- A finished or preempted request frees its blocks tail first: blocks without a hash go to the front of
+  the queue, hashed ones to the back in that reversed order, so a prompt's tail is evicted before its head.
+- A block is cached (gets its hash) once full, at the step that schedules its last token, prompt or
+  output alike; the block holding the last sampled token is never computed, so never cached.
+- A lookup matches whole blocks from the start, at most (num_tokens - 1) tokens floored to whole blocks:
+  a fully cached block-aligned prompt recomputes its last block.
+- Identical blocks are not de-duplicated: two requests that computed the same block each keep a copy;
+  a lookup takes the earliest cached one.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class VllmBlockCache:
+    name = "vllm"
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
+        if num_blocks < 2:
+            raise ValueError(f"a vLLM block pool needs at least 2 blocks (one is the null block), got {num_blocks}")
+        self.block_size = block_size
+        self.decode_granule = block_size      # decode steps inside a block allocate and cache nothing
+        self.prefix_caching = prefix_caching
+        self.capacity_blocks = num_blocks - 1
+        self.ref = [0] * num_blocks
+        self.hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}              # hash -> earliest cached block with it
+        self.copies: dict[int, list[int]] = {}        # hash -> later blocks with the same hash
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.free_cached = 0                          # free blocks that still have a hash (evictable)
+        self.blocks: dict[int, list[int]] = {}        # sequence id -> its blocks in token order
+        self.num_cached: dict[int, int] = {}          # sequence id -> its leading blocks already cached
+        self.evicted_blocks = 0
+        self.allocated_blocks = 0
+
+    # -- queries ---------------------------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by running requests."""
+        return self.capacity_blocks - len(self.free)
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Free blocks that still hold cached KV."""
+        return self.free_cached
+
+    def required_blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def peek(self, seq) -> int:
+        """Tokens a lookup would hit now, without side effects (for routing)."""
+        return len(self.lookup(seq)[0]) * self.block_size
+
+    def lookup(self, seq) -> tuple[list[int], int]:
+        """(hit blocks, hit tokens): whole leading blocks, at most num_tokens - 1 tokens."""
+        if not self.prefix_caching:
+            return [], 0
+        hashes, cached, out = seq.hashes, self.cached, []
+        for i in range(min((seq.num_tokens - 1) // self.block_size, len(hashes))):
+            b = cached.get(hashes[i])
+            if b is None:
+                break
+            out.append(b)
+        return out, len(out) * self.block_size
+
+    # -- changes ---------------------------------------------------------------------------------------
+    def allocate(self, seq, num_new: int, hit=None, hit_tokens: int = 0, external: int = 0,
+                 full_must_fit: bool = False) -> bool:
+        """Give `seq` slots for `num_new` more tokens after its computed ones (plus, at admission, the hit
+        blocks and `external` tokens loaded from another tier); False, changing nothing, if they do not fit.
+        With full_must_fit the whole sequence must fit in the free blocks now (vLLM's admission check)."""
+        bs, ref, free = self.block_size, self.ref, self.free
+        held = self.blocks.get(seq.sid)
+        if held is not None and not full_must_fit:    # a running request grows
+            computed = seq.num_computed
+            more = -(-(computed + num_new) // bs) - len(held)
+            if more > len(free):
+                return False
+            if more > 0:
+                self._grow(held, more)
+            if self.prefix_caching and (computed + num_new) // bs > self.num_cached[seq.sid]:
+                self._cache_full_blocks(seq, held, min(computed + num_new, seq.num_tokens))
+            return True
+        hit = hit or ()
+        n_held = len(held) if held is not None else 0
+        touched_free = sum(1 for b in hit if ref[b] == 0)   # evictable hits leave the free queue
+        computed = seq.num_computed + hit_tokens + external
+        if full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + touched_free > len(free):
+            return False
+        want = -(-(computed + num_new) // bs)
+        if max(want - n_held - len(hit), 0) + touched_free > len(free):
+            return False
+        if held is None:
+            held = self.blocks[seq.sid] = []
+            for b in hit:
+                if ref[b] == 0:
+                    del free[b]
+                    if self.hash[b] is not None:
+                        self.free_cached -= 1
+                ref[b] += 1
+                held.append(b)
+            self.num_cached[seq.sid] = len(held)
+        if want > len(held):
+            self._grow(held, want - len(held))
+        if self.prefix_caching:
+            self._cache_full_blocks(seq, held, min(computed + num_new, seq.num_tokens))
+        return True
+
+    def prefill_chunk_done(self, seq) -> None:
+        """vLLM caches at scheduling time (allocate); nothing to do after the forward."""
+
+    def free_seq(self, seq, finished: bool) -> None:
+        """Release a finished or preempted request's blocks, tail first."""
+        held = self.blocks.pop(seq.sid, None)
+        self.num_cached.pop(seq.sid, None)
+        if not held:
+            return
+        ref, free, first, last = self.ref, self.free, [], []
+        for b in reversed(held):
+            ref[b] -= 1
+            if ref[b] == 0:
+                (last if self.hash[b] is not None else first).append(b)
+        for b in reversed(first):
+            free[b] = None
+            free.move_to_end(b, last=False)
+        for b in last:
+            free[b] = None
+        self.free_cached += len(last)
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _grow(self, held: list[int], n: int) -> None:
+        free, ref, bhash = self.free, self.ref, self.hash
+        for _ in range(n):
+            b = free.popitem(last=False)[0]
+            if bhash[b] is not None:
+                self._evict(b)
+            ref[b] = 1
+            held.append(b)
+        self.allocated_blocks += n
+
+    def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
+        done = self.num_cached[seq.sid]
+        upto = min(tokens // self.block_size, len(seq.hashes))
+        if upto <= done:
+            return
+        hashes, cached = seq.hashes, self.cached
+        for i in range(done, upto):
+            b, h = held[i], hashes[i]
+            self.hash[b] = h
+            if h in cached:
+                self.copies.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
+        self.num_cached[seq.sid] = upto
+
+    def _evict(self, b: int) -> None:
+        h = self.hash[b]
+        self.hash[b] = None
+        self.free_cached -= 1
+        self.evicted_blocks += 1
+        if self.cached.get(h) == b:
+            later = self.copies.get(h)
+            if later:
+                self.cached[h] = later.pop(0)
+                if not later:
+                    del self.copies[h]
+            else:
+                del self.cached[h]
+        else:
+            later = self.copies[h]
+            later.remove(b)
+            if not later:
+                del self.copies[h]
