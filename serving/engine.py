@@ -22,12 +22,13 @@ from .workload import SimRequest
 
 class Seq:
     """A request inside an engine: its tokens so far (prompt + sampled) and how many have KV."""
-    __slots__ = ("req", "sid", "target", "num_tokens", "num_computed", "generated", "hashes", "first_token_s",
+    __slots__ = ("req", "sid", "prompt", "end", "num_tokens", "num_computed", "reused", "hashes", "first_token_s",
                  "admit_s", "gpu_hit", "cpu_hit", "preemptions", "prompt_done", "admitted")
 
     def __init__(self, req: SimRequest, hashes: list[int]):
-        self.req, self.sid, self.hashes, self.target = req, req.rid, hashes, req.output_tokens
-        self.num_tokens, self.num_computed, self.generated = req.prompt_tokens, 0, 0
+        self.req, self.sid, self.hashes = req, req.rid, hashes
+        self.prompt, self.end = req.prompt_tokens, req.prompt_tokens + req.output_tokens   # done at num_tokens == end
+        self.num_tokens, self.num_computed, self.reused = req.prompt_tokens, 0, 0
         self.first_token_s = self.admit_s = None
         self.gpu_hit = self.cpu_hit = self.preemptions = 0
         self.prompt_done = self.admitted = False
@@ -71,7 +72,7 @@ class Engine:
             s = running[i]
             c = s.num_computed
             n = rest = s.num_tokens - c
-            if rest == 1 and c % granule and (c + 1) % granule:   # decode inside a block: nothing to allocate
+            if rest == 1 and s.num_tokens > s.prompt and c % granule and (c + 1) % granule:   # decode in a block
                 decodes.append(s)
                 budget -= 1
                 i += 1
@@ -85,7 +86,7 @@ class Engine:
                 if victim is s:
                     break
             else:
-                if rest == 1 and s.generated:
+                if rest == 1 and s.num_tokens > s.prompt:
                     decodes.append(s)
                 else:
                     chunks.append((s, n))
@@ -107,6 +108,8 @@ class Engine:
         bs = cache.block_size
         while self.waiting and budget > 0 and len(self.running) < cfg.max_running:
             s = self.waiting[0]
+            if self.cpu is None and cache.cannot_admit(s):
+                break
             handle, hit = cache.lookup(s)
             ext, transfer = 0, 0.0
             if self.cpu is not None and cfg.prefix_caching:
@@ -120,6 +123,7 @@ class Engine:
             s.prompt_done = False
             load_s += transfer
             self._count_renneeded(s, hit + ext)
+            s.reused = hit + ext
             if not s.admitted:
                 s.admitted, s.admit_s, s.gpu_hit, s.cpu_hit = True, self.clock, hit, ext
                 self.prompt_tokens += s.num_tokens
@@ -151,14 +155,13 @@ class Engine:
         return ext, transfer
 
     def _count_renneeded(self, s: Seq, reused: int) -> None:
-        """Prompt blocks this request computes although they had been computed here before."""
-        if not self.seen_blocks:
-            return
+        """Prompt blocks this request computes although they had been computed here before. Block hashes are
+        chained, so past the first block never computed here none was: the scan stops there."""
         seen, hashes, bs = self.seen_blocks, s.hashes, self.cache.block_size
-        for i in range(reused // bs, min((s.num_tokens - 1) // bs, len(hashes))):
-            if hashes[i] in seen:
-                seen.discard(hashes[i])
-                self.res.renneeded_blocks += 1
+        i, stop = reused // bs, min((s.num_tokens - 1) // bs, len(hashes))
+        while i < stop and hashes[i] in seen:
+            i += 1
+        self.res.renneeded_blocks += i - reused // bs
 
     def _preempt(self, s: Seq) -> None:
         self.cache.free_seq(s, finished=False)
@@ -175,8 +178,7 @@ class Engine:
             decode_ctx += s.num_computed
             s.num_computed += 1
             s.num_tokens += 1
-            s.generated += 1
-            if s.generated >= s.target:
+            if s.num_tokens >= s.end:
                 finished.append(s)
         shapes = []
         for s, n in chunks:
@@ -194,11 +196,10 @@ class Engine:
             if not s.prompt_done:
                 s.prompt_done = True
                 stores.append(s)
-            s.generated += 1
             s.num_tokens += 1
             if s.first_token_s is None:
                 s.first_token_s = now
-            if s.generated >= s.target:
+            if s.num_tokens >= s.end:
                 finished.append(s)
             else:
                 cache.prefill_chunk_done(s)
@@ -221,7 +222,7 @@ class Engine:
         """Prefill done: full prompt blocks go to the CPU pool. Returns the step time the copy adds."""
         bs, cfg, res = self.cache.block_size, self.config, self.res
         for s in seqs:
-            self.seen_blocks.update(s.hashes[:s.req.prompt_tokens // bs])
+            self.seen_blocks.update(s.hashes[s.reused // bs:s.prompt // bs])
         if self.cpu is None:
             return 0.0
         new = sum(self.cpu.store(s.hashes[:s.req.prompt_tokens // bs]) for s in seqs)

@@ -113,6 +113,9 @@ class RadixCache:
     def required_blocks(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    def cannot_admit(self, seq) -> bool:
+        return False
+
     def peek(self, seq) -> int:
         if not self.prefix_caching:
             return 0

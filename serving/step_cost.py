@@ -7,8 +7,6 @@ only a few dozen distinct shapes. Recomputing a preempted request is a prefill l
 """
 from __future__ import annotations
 
-import math
-
 from cost.estimate import Parallelism, estimate
 from cost.profile import HardwareProfile
 from tracer.model_source import ModelSpec
@@ -17,7 +15,7 @@ from tracer.work import Request, TraceOptions
 
 
 def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 class StepCost:
@@ -25,6 +23,8 @@ class StepCost:
         self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, tp
         self._cache: dict = {}
         self._linear: dict = {}
+        self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
+        self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
 
     def _parts(self, request: Request) -> tuple[float, float]:
         """(seconds without attention, attention seconds) of one forward."""
@@ -52,16 +52,24 @@ class StepCost:
         return t
 
     def prefill_attention(self, tokens: int, context: int) -> float:
-        tb, cb = _pow2_at_least(tokens), (_pow2_at_least(context) if context else 0)
-        return self._parts(Request(1, tb, cb))[1] * tokens / tb
+        key = (_pow2_at_least(tokens), _pow2_at_least(context) if context else 0)
+        per_token = self._prefill.get(key)
+        if per_token is None:
+            per_token = self._prefill[key] = self._parts(Request(1, key[0], key[1]))[1] / key[0]
+        return per_token * tokens
 
     def decode_attention(self, batch: int, context: int) -> float:
         if batch == 0:
             return 0.0
-        bb, cb = _pow2_at_least(batch), _pow2_at_least(max(1, context))
-        return self._parts(Request(bb, 1, cb, decode=True))[1] * batch / bb
+        key = (_pow2_at_least(batch), _pow2_at_least(max(1, context)))
+        per_seq = self._decode.get(key)
+        if per_seq is None:
+            per_seq = self._decode[key] = self._parts(Request(key[0], 1, key[1], decode=True))[1] / key[0]
+        return per_seq * batch
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
-        tokens = sum(t for t, _ in chunks) + decode_batch
-        return (self.linear(tokens) + sum(self.prefill_attention(t, c) for t, c in chunks)
-                + self.decode_attention(decode_batch, decode_context))
+        tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)
+        for t, c in chunks:
+            tokens += t
+            attention += self.prefill_attention(t, c)
+        return self.linear(tokens) + attention

@@ -39,6 +39,8 @@ class VllmBlockCache:
         self.num_cached: dict[int, int] = {}          # sequence id -> its leading blocks already cached
         self.evicted_blocks = 0
         self.allocated_blocks = 0
+        self.releases = 0                             # free_seq calls: the only thing that frees blocks
+        self._refused = None                          # (sequence id, releases, hit blocks) of the last refusal
 
     # -- queries ---------------------------------------------------------------------------------------
     @property
@@ -57,6 +59,17 @@ class VllmBlockCache:
     def peek(self, seq) -> int:
         """Tokens a lookup would hit now, without side effects (for routing)."""
         return len(self.lookup(seq)[0]) * self.block_size
+
+    def cannot_admit(self, seq) -> bool:
+        """True when `seq` was refused admission and nothing since can have made it fit: no blocks were
+        released and its hit chain did not grow. Any other change leaves free blocks minus needed blocks as
+        it was or lower (a block a lookup would hit leaves the free queue only by being touched, which
+        lowers both, or by being reallocated, which lowers the free count)."""
+        refused = self._refused
+        if refused is None or refused[0] != seq.sid or refused[1] != self.releases:
+            return False
+        hits, hashes = refused[2], seq.hashes
+        return hits >= min((seq.num_tokens - 1) // self.block_size, len(hashes)) or hashes[hits] not in self.cached
 
     def lookup(self, seq) -> tuple[list[int], int]:
         """(hit blocks, hit tokens): whole leading blocks, at most num_tokens - 1 tokens."""
@@ -92,10 +105,11 @@ class VllmBlockCache:
         n_held = len(held) if held is not None else 0
         touched_free = sum(1 for b in hit if ref[b] == 0)   # evictable hits leave the free queue
         computed = seq.num_computed + hit_tokens + external
-        if full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + touched_free > len(free):
-            return False
         want = -(-(computed + num_new) // bs)
-        if max(want - n_held - len(hit), 0) + touched_free > len(free):
+        if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + touched_free > len(free))
+                or max(want - n_held - len(hit), 0) + touched_free > len(free)):
+            if full_must_fit and not external:
+                self._refused = (seq.sid, self.releases, len(hit))
             return False
         if held is None:
             held = self.blocks[seq.sid] = []
@@ -122,6 +136,7 @@ class VllmBlockCache:
         self.num_cached.pop(seq.sid, None)
         if not held:
             return
+        self.releases += 1
         ref, free, first, last = self.ref, self.free, [], []
         for b in reversed(held):
             ref[b] -= 1
@@ -136,28 +151,41 @@ class VllmBlockCache:
 
     # -- internals -------------------------------------------------------------------------------------
     def _grow(self, held: list[int], n: int) -> None:
-        free, ref, bhash = self.free, self.ref, self.hash
+        free, ref, bhash, cached, copies = self.free, self.ref, self.hash, self.cached, self.copies
+        evicted = 0
         for _ in range(n):
             b = free.popitem(last=False)[0]
-            if bhash[b] is not None:
-                self._evict(b)
+            h = bhash[b]
+            if h is not None:
+                if h not in copies and cached[h] == b:   # the usual case, inline
+                    del cached[h]
+                    bhash[b] = None
+                    evicted += 1
+                else:
+                    self._evict(b)
             ref[b] = 1
             held.append(b)
         self.allocated_blocks += n
+        self.evicted_blocks += evicted
+        self.free_cached -= evicted
 
     def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
         done = self.num_cached[seq.sid]
         upto = min(tokens // self.block_size, len(seq.hashes))
         if upto <= done:
             return
-        hashes, cached = seq.hashes, self.cached
-        for i in range(done, upto):
-            b, h = held[i], hashes[i]
-            self.hash[b] = h
-            if h in cached:
-                self.copies.setdefault(h, []).append(b)
-            else:
-                cached[h] = b
+        hashes, cached, bhash = seq.hashes[done:upto], self.cached, self.hash
+        blocks = held[done:upto]
+        for b, h in zip(blocks, hashes):
+            bhash[b] = h
+        if cached.keys().isdisjoint(hashes):    # the usual case: no other copy of these blocks
+            cached.update(zip(hashes, blocks))
+        else:
+            for b, h in zip(blocks, hashes):
+                if h in cached:
+                    self.copies.setdefault(h, []).append(b)
+                else:
+                    cached[h] = b
         self.num_cached[seq.sid] = upto
 
     def _evict(self, b: int) -> None:
