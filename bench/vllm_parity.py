@@ -128,6 +128,12 @@ class VllmManagerCache:
         r.block_hashes = r._all[:seq.num_tokens // self.block_size]
         return r
 
+    def cannot_admit(self, seq) -> bool:
+        return False
+
+    def grow_all(self, seqs, steps: int) -> bool:
+        return False   # vLLM's manager is driven one step at a time, as its scheduler does
+
     def peek(self, seq) -> int:
         return self.lookup(seq)[1]
 

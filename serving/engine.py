@@ -62,9 +62,13 @@ class Engine:
         self.waiting.append(seq)
 
     # -- one step --------------------------------------------------------------------------------------
-    def step(self) -> None:
+    def step(self, horizon: float = float("inf")) -> None:
+        """One scheduler step; or, when every running request is decoding and nothing can change the batch
+        before `horizon` (the next arrival), a run of such steps at once."""
         cfg, cache, running = self.config, self.cache, self.running
         self._integrate(self.clock)
+        if running and len(running) <= cfg.max_prefill_tokens and self._decode_run(horizon):
+            return
         budget, granule, preempted = cfg.max_prefill_tokens, cache.decode_granule, False
         decodes, chunks = [], []          # decode steps; (seq, tokens) prefill chunks
         i = 0
@@ -102,6 +106,54 @@ class Engine:
                 self.res.rejected_ids.append(self.waiting.popleft().req.rid)
             return
         self._run(decodes, chunks, load_s)
+
+    def _decode_run(self, horizon: float) -> bool:
+        """Steps in which every running request decodes one token, none finishes before the last, nobody
+        waits who could be admitted, and the pool has the blocks they grow into: their order within the run
+        cannot change what is cached or evicted, so they are taken together (the step times still differ
+        step by step, as the context grows)."""
+        running, cost, cache = self.running, self.cost, self.cache
+        if self.waiting and not (len(running) >= self.config.max_running
+                                 or (self.cpu is None and cache.cannot_admit(self.waiting[0]))):
+            return False
+        steps, context = 1 << 30, 0
+        for s in running:
+            if s.num_tokens - s.num_computed != 1 or s.num_tokens == s.prompt:
+                return False
+            left = s.end - s.num_tokens
+            if left < steps:
+                steps = left
+            context += s.num_computed
+        if steps < 4:                    # the first to finish samples its last token in the run's last step
+            return False
+        batch = len(running)
+        linear = cost.linear(batch)
+        times, now = [], self.clock
+        for j in range(steps):
+            now += linear + cost.decode_attention(batch, context // batch + j)
+            times.append(now)
+            if now >= horizon:
+                break
+        steps = len(times)
+        if steps < 4 or not cache.grow_all(running, steps):
+            return False
+        finished = []
+        for s in running:
+            s.num_computed += steps
+            s.num_tokens += steps
+            if s.num_tokens >= s.end:
+                finished.append(s)
+        self._integrate(now)
+        self.clock = now
+        self.res.steps += steps
+        if cache.used_blocks > self.res.gpu_used_peak:
+            self.res.gpu_used_peak = cache.used_blocks
+        if finished:
+            for s in finished:
+                self._finish(s, now)
+            done = set(map(id, finished))
+            self.running = [s for s in self.running if id(s) not in done]
+        return True
 
     def _admit(self, chunks: list, budget: int) -> float:
         cfg, cache, res, load_s = self.config, self.cache, self.res, 0.0

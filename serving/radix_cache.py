@@ -116,6 +116,9 @@ class RadixCache:
     def cannot_admit(self, seq) -> bool:
         return False
 
+    def grow_all(self, seqs, steps: int) -> bool:
+        return False   # every decode token is an allocation that may evict: taken one step at a time
+
     def peek(self, seq) -> int:
         if not self.prefix_caching:
             return 0

@@ -65,7 +65,7 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
         if cpu is not None and engine.clock > last_t:
             res.cpu_block_s += len(cpu) * (engine.clock - last_t)
             last_t = engine.clock
-        engine.step()
+        engine.step(t_arrival if t_arrival is not None else float("inf"))
         if cpu is not None:
             res.cpu_blocks_peak = max(res.cpu_blocks_peak, len(cpu))
     res.makespan_s = max(e.clock for e in engines)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 
 class VllmBlockCache:
     name = "vllm"
@@ -29,8 +31,9 @@ class VllmBlockCache:
         self.decode_granule = block_size      # decode steps inside a block allocate and cache nothing
         self.prefix_caching = prefix_caching
         self.capacity_blocks = num_blocks - 1
-        self.ref = [0] * num_blocks
-        self.hash: list[int | None] = [None] * num_blocks
+        # per block: running requests holding it, and its hash (0: none; block hashes are never 0)
+        self.ref = np.zeros(num_blocks, dtype=np.int32)
+        self.hash = np.zeros(num_blocks, dtype=np.int64)
         self.cached: dict[int, int] = {}              # hash -> earliest cached block with it
         self.copies: dict[int, list[int]] = {}        # hash -> later blocks with the same hash
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
@@ -103,7 +106,8 @@ class VllmBlockCache:
             return True
         hit = hit or ()
         n_held = len(held) if held is not None else 0
-        touched_free = sum(1 for b in hit if ref[b] == 0)   # evictable hits leave the free queue
+        hit_idx = np.array(hit, dtype=np.int64)
+        touched_free = int((ref[hit_idx] == 0).sum())        # evictable hits leave the free queue
         computed = seq.num_computed + hit_tokens + external
         want = -(-(computed + num_new) // bs)
         if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + touched_free > len(free))
@@ -112,19 +116,32 @@ class VllmBlockCache:
                 self._refused = (seq.sid, self.releases, len(hit))
             return False
         if held is None:
-            held = self.blocks[seq.sid] = []
-            for b in hit:
-                if ref[b] == 0:
+            held = self.blocks[seq.sid] = list(hit)
+            if touched_free:
+                for b in hit_idx[ref[hit_idx] == 0].tolist():   # hit blocks all have a hash
                     del free[b]
-                    if self.hash[b] is not None:
-                        self.free_cached -= 1
-                ref[b] += 1
-                held.append(b)
+                self.free_cached -= touched_free
+            ref[hit_idx] += 1
             self.num_cached[seq.sid] = len(held)
         if want > len(held):
             self._grow(held, want - len(held))
         if self.prefix_caching:
             self._cache_full_blocks(seq, held, min(computed + num_new, seq.num_tokens))
+        return True
+
+    def grow_all(self, seqs, steps: int) -> bool:
+        """`steps` decode steps of every sequence in `seqs` at once, if the free blocks cover them all."""
+        bs, blocks = self.block_size, self.blocks
+        need = 0
+        for s in seqs:
+            need += max(0, -(-(s.num_computed + steps) // bs) - len(blocks[s.sid]))
+        if need > len(self.free):
+            return False
+        for s in seqs:
+            # as after the run's last step: num_tokens one past the computed tokens
+            s.num_tokens += steps - 1
+            self.allocate(s, steps)
+            s.num_tokens -= steps - 1
         return True
 
     def prefill_chunk_done(self, seq) -> None:
@@ -137,11 +154,12 @@ class VllmBlockCache:
         if not held:
             return
         self.releases += 1
-        ref, free, first, last = self.ref, self.free, [], []
-        for b in reversed(held):
-            ref[b] -= 1
-            if ref[b] == 0:
-                (last if self.hash[b] is not None else first).append(b)
+        ref, free = self.ref, self.free
+        idx = np.array(held[::-1], dtype=np.int64)
+        ref[idx] -= 1
+        released = idx[ref[idx] == 0]
+        hashed = self.hash[released] != 0
+        first, last = released[~hashed].tolist(), released[hashed].tolist()
         for b in reversed(first):
             free[b] = None
             free.move_to_end(b, last=False)
@@ -151,33 +169,33 @@ class VllmBlockCache:
 
     # -- internals -------------------------------------------------------------------------------------
     def _grow(self, held: list[int], n: int) -> None:
-        free, ref, bhash, cached, copies = self.free, self.ref, self.hash, self.cached, self.copies
-        evicted = 0
-        for _ in range(n):
-            b = free.popitem(last=False)[0]
-            h = bhash[b]
-            if h is not None:
-                if h not in copies and cached[h] == b:   # the usual case, inline
+        pop = self.free.popitem
+        new = [pop(last=False)[0] for _ in range(n)]
+        idx = np.array(new, dtype=np.int64)
+        hashes = self.hash[idx]
+        stale = hashes.nonzero()[0]
+        if len(stale):                     # free blocks that still held cached KV: evicted now
+            cached, copies = self.cached, self.copies
+            for b, h in zip(idx[stale].tolist(), hashes[stale].tolist()):
+                if h not in copies and cached[h] == b:
                     del cached[h]
-                    bhash[b] = None
-                    evicted += 1
                 else:
-                    self._evict(b)
-            ref[b] = 1
-            held.append(b)
+                    self._forget(b, h)
+            self.hash[idx[stale]] = 0
+            self.evicted_blocks += len(stale)
+            self.free_cached -= len(stale)
+        self.ref[idx] = 1
+        held.extend(new)
         self.allocated_blocks += n
-        self.evicted_blocks += evicted
-        self.free_cached -= evicted
 
     def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
         done = self.num_cached[seq.sid]
         upto = min(tokens // self.block_size, len(seq.hashes))
         if upto <= done:
             return
-        hashes, cached, bhash = seq.hashes[done:upto], self.cached, self.hash
+        hashes, cached = seq.hashes[done:upto], self.cached
         blocks = held[done:upto]
-        for b, h in zip(blocks, hashes):
-            bhash[b] = h
+        self.hash[blocks] = hashes
         if cached.keys().isdisjoint(hashes):    # the usual case: no other copy of these blocks
             cached.update(zip(hashes, blocks))
         else:
@@ -188,11 +206,8 @@ class VllmBlockCache:
                     cached[h] = b
         self.num_cached[seq.sid] = upto
 
-    def _evict(self, b: int) -> None:
-        h = self.hash[b]
-        self.hash[b] = None
-        self.free_cached -= 1
-        self.evicted_blocks += 1
+    def _forget(self, b: int, h: int) -> None:
+        """Block b no longer holds hash h; another copy, if any, takes its place."""
         if self.cached.get(h) == b:
             later = self.copies.get(h)
             if later:

@@ -51,7 +51,7 @@ class SimRequest:
         offset = 0
         for _ in range(full_blocks):
             if seg_len - offset >= block_size:   # the whole block is one segment's run
-                prev = hash((prev, ((seg_id, offset, offset + block_size),)))
+                prev = hash((prev, ((seg_id, offset, offset + block_size),))) or 1   # 0 means no hash
                 hashes.append(prev)
                 offset += block_size
                 if offset == seg_len:
@@ -67,7 +67,7 @@ class SimRequest:
                 if offset == seg_len:
                     seg_id, seg_len = next(runs, ("", 0))
                     offset = 0
-            prev = hash((prev, tuple(pieces)))
+            prev = hash((prev, tuple(pieces))) or 1
             hashes.append(prev)
         self.block_hashes = hashes
         self.hashed_block_size = block_size
