@@ -100,10 +100,11 @@ class SimResult:
             "computed_prefill_tokens_per_s": self.computed_prefill_tokens / span,
             "prompt_tokens_per_s": prompt / span,
             "output_tokens_per_s": sum(r.output_tokens for r in recs) / span,
+            # GPU figures are per instance: means averaged over the instances, peaks the largest of any
             "kv_memory_gb": {
-                "gpu_capacity": capacity * gb * n_inst,
-                "gpu_used_mean": self.gpu_used_block_s / span * gb, "gpu_used_peak": self.gpu_used_peak * gb,
-                "gpu_evictable_mean": self.gpu_evictable_block_s / span * gb,
+                "gpu_capacity": capacity * gb,
+                "gpu_used_mean": self.gpu_used_block_s / span / n_inst * gb, "gpu_used_peak": self.gpu_used_peak * gb,
+                "gpu_evictable_mean": self.gpu_evictable_block_s / span / n_inst * gb,
                 "gpu_evictable_peak": self.gpu_evictable_peak * gb,
                 "cpu_capacity": config.cpu_blocks * gb, "cpu_mean": self.cpu_block_s / span * gb,
                 "cpu_peak": self.cpu_blocks_peak * gb},

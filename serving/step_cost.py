@@ -25,14 +25,22 @@ class StepCost:
         self._linear: dict = {}
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
         self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
+        self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
 
     def _parts(self, request: Request) -> tuple[float, float]:
         """(seconds without attention, attention seconds) of one forward."""
-        if request not in self._cache:
-            e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, Parallelism(self.tp))
-            attention = e.breakdown_s["attention"]
-            self._cache[request] = (e.wall_s - attention, attention)
-        return self._cache[request]
+        parts = self._cache.get(request)
+        if parts is None:
+            key = (request.num_queries, request.query_length, request.context_length, request.decode)
+            parts = self.shared.get(key) if self.shared is not None else None
+            if parts is None:
+                e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, Parallelism(self.tp))
+                attention = e.breakdown_s["attention"]
+                parts = (e.wall_s - attention, attention)
+                if self.shared is not None:
+                    self.shared[key] = parts
+            self._cache[request] = parts
+        return parts
 
     def linear(self, tokens: int) -> float:
         """Everything but attention for a step of `tokens` tokens, interpolated between power-of-two shapes."""

@@ -121,8 +121,11 @@ def run(args) -> dict:
     if sys.stderr.isatty():
         print(f"simulating {', '.join(runs)} ({len(requests)} requests)...", file=sys.stderr)
     if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+        context = get_context("fork")
+        with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:
+            cost.shared = manager.dict()   # the workers trace each step shape once between them
             results = dict(pool.map(_simulate_one, runs))
+        cost.shared = None
     else:
         results = dict(map(_simulate_one, runs))
     out = {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
@@ -159,9 +162,9 @@ ROWS = [  # (label, formatter of one run's summary)
                                           f" / {_f(r['tpot_ms']['p99'], '{:.2f}')}"),
     ("computed prefill tokens/s", lambda r: f"{r['computed_prefill_tokens_per_s']:,.0f}"),
     ("output tokens/s", lambda r: f"{r['output_tokens_per_s']:,.0f}"),
-    ("GPU KV GB used mean / peak", lambda r: f"{r['kv_memory_gb']['gpu_used_mean']:.1f} / "
+    ("GPU KV GB/instance used mean / peak", lambda r: f"{r['kv_memory_gb']['gpu_used_mean']:.1f} / "
                                              f"{r['kv_memory_gb']['gpu_used_peak']:.1f}"),
-    ("GPU KV GB evictable mean / cap", lambda r: f"{r['kv_memory_gb']['gpu_evictable_mean']:.1f} / "
+    ("  evictable mean / capacity", lambda r: f"{r['kv_memory_gb']['gpu_evictable_mean']:.1f} / "
                                                  f"{r['kv_memory_gb']['gpu_capacity']:.1f}"),
     ("evicted / re-needed blocks", lambda r: f"{r['evictions']['blocks']:,} / {r['evictions']['re_needed_blocks']:,}"),
     ("preemptions / recomputed tokens", lambda r: f"{r['preemptions']['count']:,} / "
@@ -208,7 +211,9 @@ def write_plot(out: dict, path: str) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([s["gpu_cache_gb"] for s in out["sweep"]], [s["hit_rate"] * 100 for s in out["sweep"]], marker="o")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("GPU KV cache (GB)")
+        ax.set_xticks([s["gpu_cache_gb"] for s in out["sweep"]], [f"{s['gpu_cache_gb']:g}" for s in out["sweep"]])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("GPU KV cache per instance (GB)")
         ax.set_ylabel("token hit rate (%)")
     else:
         fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
@@ -217,6 +222,7 @@ def write_plot(out: dict, path: str) -> None:
             ax.plot([p["t_s"] for p in pts], [p["hit_rate"] * 100 for p in pts], label=label)
             ax2.plot([p["t_s"] for p in pts], [p["ttft_p50_ms"] for p in pts], label=label)
         ax.set_ylabel("token hit rate (%)")
+        ax.set_ylim(bottom=0)
         ax2.set_ylabel("TTFT p50 (ms)")
         ax2.set_xlabel("time (s)")
         ax.legend()
