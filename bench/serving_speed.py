@@ -1,6 +1,6 @@
 """Wall and CPU time of serving_sim runs (Llama-3.1-8B on H100, the disk trace cache off):
 10,000 multi-turn-chat requests; and, given the Mooncake conversation trace, the whole trace at four GPU
-cache sizes (four instances, cache-aware routing), the sweep split over two processes.
+cache sizes (one instance; four instances with cache-aware routing), each sweep split over two processes.
 
     python bench/serving_speed.py [--mooncake FAST25-release/traces/conversation_trace.jsonl]
 
@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
     "10,000 multi-turn-chat requests": ["--workload", "multi-turn-chat", "--num-requests", "10000",
                                         "--request-rate", "20"],
+    "Mooncake conversation trace, 1 instance, 4 GPU cache sizes": [
+        "--workload", "mooncake:{trace}", "--sweep-gpu-cache-gb", "8,16,32,64", "--jobs", "2"],
     "Mooncake conversation trace, 4 instances, 4 GPU cache sizes": [
         "--workload", "mooncake:{trace}", "--instances", "4", "--routing", "cache-aware",
         "--sweep-gpu-cache-gb", "8,16,32,64", "--jobs", "2"],

@@ -67,7 +67,8 @@ class Engine:
         before `horizon` (the next arrival), a run of such steps at once."""
         cfg, cache, running = self.config, self.cache, self.running
         self._integrate(self.clock)
-        if running and len(running) <= cfg.max_prefill_tokens and self._decode_run(horizon):
+        if running and cache.decode_granule > 1 and len(running) <= cfg.max_prefill_tokens \
+                and self._decode_run(horizon):
             return
         budget, granule, preempted = cfg.max_prefill_tokens, cache.decode_granule, False
         decodes, chunks = [], []          # decode steps; (seq, tokens) prefill chunks

@@ -154,6 +154,10 @@ ROWS = [  # (label, formatter of one run's summary)
     ("session hit rate p10 / p50 / p90", lambda r: "-" if r["session_hit_rate"]["p50"] is None else
         " / ".join(f"{r['session_hit_rate'][k] * 100:.0f}%" for k in ("p10", "p50", "p90"))
         + f" ({r['session_hit_rate']['sessions']})"),
+    ("hit rate first / last window", lambda r: "-" if not r["hit_rate_over_time"]["points"] else
+        f"{r['hit_rate_over_time']['points'][0]['hit_rate'] * 100:.1f}% / "
+        f"{r['hit_rate_over_time']['points'][-1]['hit_rate'] * 100:.1f}% "
+        f"({r['hit_rate_over_time']['window_s']:.3g} s)"),
     ("reused tokens", lambda r: f"{r['reused_tokens']:,}"),
     ("TTFT p50 / p90 / p99 ms", lambda r: _pcts(r["ttft_ms"])),
     ("  hit requests", lambda r: _pcts(r["ttft_ms_hit"]) + f" ({r['ttft_ms_hit']['requests']})"),
