@@ -47,12 +47,12 @@ def least_squares_fit(initial, predict, measured: np.ndarray):
         lo, hi = low.copy(), high.copy()
         for name, value in zip(grids, point):  # a grid parameter stays at its grid value
             i = names.index(name)
-            lo[i], hi[i] = value * (1 - 1e-9), value * (1 + 1e-9)
+            lo[i], hi[i] = value - 1e-9 * (1 + abs(value)), value + 1e-9 * (1 + abs(value))
         x0 = np.clip(start, lo + 1e-12 * (hi - lo), hi - 1e-12 * (hi - lo))
         result = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
                                x_scale=np.maximum(np.abs(x0), 1e-3), diff_step=1e-3, max_nfev=300 if not grids else 120)
         if result.cost < best_cost:
-            best, best_cost = initial.with_vector(result.x), result.cost
+            best, best_cost = initial.with_vector(np.clip(result.x, low, high)), result.cost
     return best
 
 

@@ -53,9 +53,11 @@ class DecodeAttentionParams(ParamSet):
     fixed_us: float = param(8.0, 0.0, 60.0, "per call, KV write included, us")
     combine_us: float = param(3.0, 0.0, 60.0, "the split-KV combine kernel, when keys are split, us")
     cta_us: float = param(2.0, 0.0, 60.0, "latency of one CTA: load Q and the page table, epilogue, us")
-    cta_head_dim_us: float = param(1.0, 0.0, 60.0, "CTA latency growing with head dim (per 128), us")
+    cta_head_dim_us: float = param(1.0, -10.0, 60.0, "CTA latency change per 128 of head dim, us")
     cta_group_us: float = param(0.02, 0.0, 10.0, "CTA latency per query head sharing a KV head, us")
     occupancy: float = param(2.0, 0.25, 16.0, "CTAs resident per unit", grid=(1.0, 2.0, 4.0))
+    pack_gqa: float = param(1.0, 0.0, 1.0, "1: the query heads of a KV head share a CTA; 0: a CTA per query head",
+                            grid=(0.0, 1.0))
     memory: float = param(0.88, 0.05, 1.0, "fraction of HBM bandwidth streaming the KV cache")
     unit_bandwidth_gbps: float = param(60.0, 1.0, 2000.0, "the most one CTA streams, GB/s")
     smoothness: float = param(1.2, 1.0, 10.0, "p of the soft max of CTA waves and streaming time")
@@ -128,7 +130,7 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     b, c, h, kvh, d, w, kvb = arrays(batch, context, heads, kv_heads, head_dim, window, kv_bytes)
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     keys = np.where(w > 0, np.minimum(c + 1, w * p.window_overread), c + 1)
-    items = b * kvh
+    items = b * kvh * (1.0 + (h / kvh - 1.0) * (1.0 - p.pack_gqa))
     slots = compute_units * p.occupancy
     blocks = np.ceil(keys / p.block_n)
     splits = np.where(items >= p.split_threshold * slots, 1.0,
@@ -137,8 +139,8 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     kv_read = items * keys * key_bytes
     hot = resident & (kv_read <= l2_bytes * p.l2_fraction)
     stream = (np.where(hot, kv_read / p.l2_speedup, kv_read) + b * h * (d + dv) * act_bytes) / (bandwidth * p.memory)
-    cta = ((p.cta_us + p.cta_head_dim_us * d / 128.0 + p.cta_group_us * h / kvh) * 1e-6
-           + np.ceil(keys / splits) * key_bytes / (p.unit_bandwidth_gbps * 1e9))
+    latency = np.maximum(p.cta_us + p.cta_head_dim_us * d / 128.0 + p.cta_group_us * h / kvh * p.pack_gqa, 0.05)
+    cta = latency * 1e-6 + np.ceil(keys / splits) * key_bytes / (p.unit_bandwidth_gbps * 1e9)
     waves = np.ceil(items * splits / slots) * cta
     fixed = p.fixed_us * 1e-6 + (splits > 1) * p.combine_us * 1e-6 + np.zeros_like(stream)
     return Times(fixed + soft_max(waves, stream, p.smoothness), waves, stream, fixed)
