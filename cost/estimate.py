@@ -10,6 +10,7 @@ from .engines import DEFAULT_ENGINE, ENGINES
 from .execution import EAGER, ENGINE, EP_ALL_TOKENS, EP_DISPATCH, Kernel, build_kernels
 from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, experts_time, gemm_time, stream_time
 from .engine_kernels import allreduce_time, nearest_curve
+from .engine_kernels import stream_time as stream_engine
 from .engine_pricing import price_engine_kernel
 from .parallel import all_reduce_seconds, all_to_all_seconds
 from .profile import HardwareProfile
@@ -23,6 +24,7 @@ class Parallelism:
     tp: int = 1
     ep: int = 1
     ep_style: str = EP_ALL_TOKENS   # how expert parallelism moves tokens (cost/execution.py)
+    pp: int = 1                     # pipeline stages; a step's layers are split over them
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,15 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
                     engine=engine if execution == ENGINE else None, notes=list(dict.fromkeys(notes)))
 
 
+def sampling_seconds(rows: float, vocab: int, hw: HardwareProfile, engine: str = DEFAULT_ENGINE) -> float:
+    """Sampling `rows` next tokens: the fp32 logits are read for the softmax and again for top-k/top-p."""
+    if rows <= 0:
+        return 0.0
+    cal = hw.engine(engine)
+    t = stream_engine(cal.elementwise, hw.bandwidth, hw.l2_bytes, 2 * rows * vocab * 4.0, rows * 8.0)
+    return float(t.seconds)
+
+
 _PRICE_CACHE: dict = {}
 
 
@@ -195,7 +206,8 @@ def _cached_engine_price(k: Kernel, hw: HardwareProfile, cal, weight_dtype: str,
 
 
 def host_seconds(trace: Trace, execution: str, launches: int, hw: HardwareProfile) -> float:
-    """HF eager pays Python dispatch per op; an engine launches each kernel, and replays decode as a CUDA graph."""
+    """HF eager pays Python dispatch per op. An engine replays its steps as CUDA graphs (the fitted kernel times
+    are graph replays); the serving model adds eager launches for batches beyond the captured sizes."""
     if execution != ENGINE:
         return launches * hw.efficiency.eager_host_us * 1e-6
-    return 0.0 if trace.request.decode else launches * hw.kernel_launch_us * 1e-6
+    return 0.0

@@ -129,9 +129,10 @@ class Engine:
             return False
         batch = len(running)
         linear = cost.linear(batch)
+        overhead = cost.beyond_kernels(batch, batch, linear, decode_only=True)
         times, now = [], self.clock
         for j in range(steps):
-            now += linear + cost.decode_attention(batch, context // batch + j)
+            now += linear + cost.decode_attention(batch, context // batch + j) + overhead
             times.append(now)
             if now >= horizon:
                 break
@@ -145,6 +146,7 @@ class Engine:
             if s.num_tokens >= s.end:
                 finished.append(s)
         self._integrate(now)
+        self.res.itl.append(((now - self.clock) / steps, batch * steps))
         self.clock = now
         self.res.steps += steps
         if cache.used_blocks > self.res.gpu_used_peak:
@@ -244,6 +246,8 @@ class Engine:
                 sampled.append(s)
         step_s = self.cost.step(shapes, len(decodes), decode_ctx // len(decodes) if decodes else 0) + load_s
         now = self.clock + step_s
+        if decodes:
+            res.itl.append((step_s, len(decodes)))
         stores = []
         for s in sampled:   # a prefill (or a recompute) is done: its first (next) token is sampled
             if not s.prompt_done:
@@ -294,7 +298,7 @@ class Engine:
         self.res.records.append(RequestRecord(r.rid, r.arrival_s, s.admit_s, s.first_token_s - r.arrival_s, tpot,
                                               r.prompt_tokens, r.output_tokens, s.gpu_hit, s.cpu_hit,
                                               r.session if r.session is not None else f"request-{r.rid}",
-                                              self.index, s.preemptions))
+                                              self.index, s.preemptions, now))
         if self.on_finish is not None:
             self.on_finish(r, now)
 

@@ -21,6 +21,11 @@ class RequestRecord:
     session: str
     instance: int
     preemptions: int
+    finish_s: float = 0.0
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finish_s - self.arrival_s
 
     @property
     def hit(self) -> bool:
@@ -55,6 +60,7 @@ class SimResult:
     cpu_block_s: float = 0.0
     cpu_blocks_peak: int = 0
     instance_requests: list = field(default_factory=list)
+    itl: list = field(default_factory=list)   # (seconds between tokens, tokens that waited that long)
 
     # -- the raw totals the tests read ----------------------------------------------------------------
     @property
@@ -97,9 +103,16 @@ class SimResult:
             "ttft_ms_hit": _pcts([r.ttft_s for r in recs if r.hit]),
             "ttft_ms_miss": _pcts([r.ttft_s for r in recs if not r.hit]),
             "tpot_ms": _pcts([r.tpot_s for r in recs if r.tpot_s is not None]),
+            "itl_ms": _weighted_pcts(self.itl),
+            "e2e_ms": _pcts([r.e2e_s for r in recs]),
             "computed_prefill_tokens_per_s": self.computed_prefill_tokens / span,
             "prompt_tokens_per_s": prompt / span,
             "output_tokens_per_s": sum(r.output_tokens for r in recs) / span,
+            "total_tokens_per_s": sum(r.output_tokens + r.prompt_tokens for r in recs) / span,
+            "output_tokens_per_s_per_gpu": sum(r.output_tokens for r in recs) / span / max(1, config.gpus),
+            "total_tokens_per_s_per_gpu": sum(r.output_tokens + r.prompt_tokens for r in recs) / span
+            / max(1, config.gpus),
+            "request_rate": len(recs) / span,
             # GPU figures are per instance: means averaged over the instances, peaks the largest of any
             "kv_memory_gb": {
                 "gpu_capacity": capacity * gb,
@@ -137,6 +150,23 @@ def _pcts(seconds: list) -> dict:
     ms = [x * 1e3 for x in seconds]
     return {"requests": len(ms), "p50": _pct(ms, 50), "p90": _pct(ms, 90), "p99": _pct(ms, 99),
             "mean": statistics.fmean(ms) if ms else None}
+
+
+def _weighted_pcts(samples: list) -> dict:
+    """Percentiles of values given as (value, how many times) pairs, in ms."""
+    if not samples:
+        return {"tokens": 0, "p50": None, "p90": None, "p99": None, "mean": None}
+    ordered = sorted(samples)
+    total = sum(n for _, n in ordered)
+    out, acc, i = {}, 0, 0
+    marks = {50: total * 0.5, 90: total * 0.9, 99: total * 0.99}
+    for value, n in ordered:
+        acc += n
+        for q, mark in marks.items():
+            if f"p{q}" not in out and acc >= mark:
+                out[f"p{q}"] = value * 1e3
+    mean = sum(v * n for v, n in ordered) / total * 1e3
+    return {"tokens": total, "p50": out.get("p50"), "p90": out.get("p90"), "p99": out.get("p99"), "mean": mean}
 
 
 def _hit(recs, instance: int) -> dict:

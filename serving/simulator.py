@@ -34,6 +34,11 @@ class ServerConfig:
     instances: int = 1
     routing: str = "round-robin"
     overlap_store: bool = True        # the GPU->CPU write-through runs beside compute, as both engines do it
+    gpus_per_instance: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.instances * self.gpus_per_instance
 
 
 def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, arrivals=None) -> SimResult:

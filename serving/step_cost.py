@@ -2,12 +2,19 @@
 
 A step runs the decode tokens of every running request plus prefill chunks (chunked prefill). Its time is
 the non-attention work of all the step's tokens, the attention of each prefill chunk over its context, and
-the decode attention. Shapes are bucketed to powers of two and interpolated, so a long simulation traces
-only a few dozen distinct shapes. Recomputing a preempted request is a prefill like any other.
+the decode attention; then what the engine spends beyond its kernels (cost/engines.py): sampling every
+scheduled sequence, the scheduler's host work per step and per sequence, the rank synchronization of a
+multi-GPU replica, and eager launches when a decode batch exceeds the CUDA-graph sizes the engine captured.
+Shapes are bucketed to powers of two and interpolated, so a long simulation traces only a few dozen distinct
+shapes. Recomputing a preempted request is a prefill like any other.
 """
 from __future__ import annotations
 
-from cost.estimate import Parallelism, estimate
+import math
+
+from cost.engines import ENGINES, ServingOverheads, serving_overheads
+from cost.estimate import Parallelism, estimate, sampling_seconds
+from cost.execution import ENGINE
 from cost.profile import HardwareProfile
 from tracer.model_source import ModelSpec
 from tracer.trace import trace
@@ -19,10 +26,20 @@ def _pow2_at_least(n: int) -> int:
 
 
 class StepCost:
-    def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str, tp: int,
-                 engine: str = "vllm"):
-        self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, tp
+    def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str,
+                 par: Parallelism | int, engine: str = "vllm", overheads: ServingOverheads | None = None):
+        self.par = par if isinstance(par, Parallelism) else Parallelism(par)
+        self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, self.par.tp
         self.engine = engine
+        self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
+        if execution == ENGINE:
+            fitted, self.overhead_origin = serving_overheads(engine)
+            self.overheads = overheads or fitted
+        else:   # HF eager pays its host time inside each step already
+            self.overheads, self.overhead_origin = ServingOverheads(0, 0, 0, 0, 0), "none (eager execution)"
+        text = spec.config.get("text_config") or {}
+        self.vocab = int(spec.config.get("vocab_size") or text.get("vocab_size") or 32000)
+        self._launches: dict = {}
         self._cache: dict = {}
         self._linear: dict = {}
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
@@ -36,10 +53,10 @@ class StepCost:
             key = (request.num_queries, request.query_length, request.context_length, request.decode)
             parts = self.shared.get(key) if self.shared is not None else None
             if parts is None:
-                e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, Parallelism(self.tp),
-                             self.engine)
+                e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, self.par, self.engine)
                 attention = e.breakdown_s["attention"]
                 parts = (e.wall_s - attention, attention)
+                self._launches[request.query_length] = e.num_kernels
                 if self.shared is not None:
                     self.shared[key] = parts
             self._cache[request] = parts
@@ -83,4 +100,31 @@ class StepCost:
         for t, c in chunks:
             tokens += t
             attention += self.prefill_attention(t, c)
-        return self.linear(tokens) + attention
+        kernels = self.linear(tokens) + attention
+        return kernels + self.beyond_kernels(decode_batch + len(chunks), tokens, kernels,
+                                             decode_only=not chunks)
+
+    def beyond_kernels(self, sequences: float, tokens: int, kernels_s: float, decode_only: bool) -> float:
+        """What a step costs besides its kernels: sampling, the scheduler, rank sync, eager launches."""
+        if self.execution != ENGINE or sequences <= 0:
+            return 0.0
+        o = self.overheads
+        gpus = self.par.tp * self.par.pp
+        extra = (o.step_us + o.seq_us * sequences + o.gpu_sync_us * (gpus - 1)) * 1e-6
+        extra += sampling_seconds(sequences, self.vocab, self.hw, self.engine)
+        if decode_only and sequences > self.defaults.graph_max_batch:
+            launches = self._launches.get(_pow2_at_least(max(1, tokens)))
+            if launches is None:
+                self.linear(tokens)
+                launches = self._launches.get(_pow2_at_least(max(1, tokens)), 0)
+            extra += max(0.0, launches * self.hw.kernel_launch_us * 1e-6 - kernels_s)
+        return extra
+
+    def steady(self, decoding: float, prefill_tokens: float, prefill_context: int, decode_context: int) -> float:
+        """A step of the steady-state model (serving/steady_state.py): fractional counts interpolated."""
+        def at(n: int, p: int) -> float:
+            return self.step([(p, prefill_context)] if p > 0 else [], n, decode_context)
+        n0, p0 = math.floor(decoding), math.floor(prefill_tokens)
+        fn, fp = decoding - n0, prefill_tokens - p0
+        base = at(n0, p0)
+        return (base + fn * (at(n0 + 1, p0) - base) + fp * (at(n0, p0 + 1) - base)) if (fn or fp) else base

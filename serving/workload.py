@@ -84,7 +84,7 @@ class SimRequest:
         return out
 
 
-PRESETS = ("shared-system-prompt", "timestamp-first", "multi-turn-chat", "document-qa")
+PRESETS = ("random", "shared-system-prompt", "timestamp-first", "multi-turn-chat", "document-qa")
 
 
 @dataclass(frozen=True)
@@ -96,11 +96,18 @@ class PresetSizes:
     documents: int = 4
     document_tokens: int = 8192
     question_tokens: int = 32
+    input_tokens: int = 512      # the random preset: a fresh prompt of this many tokens per request
 
 
-def poisson_arrivals(n: int, rate: float | None, rng: random.Random) -> list[float]:
+ARRIVALS = ("poisson", "constant")
+
+
+def arrival_times(n: int, rate: float | None, rng: random.Random, process: str = "poisson") -> list[float]:
+    """Open-loop arrival times: Poisson or evenly spaced at `rate` per second; all at 0 without a rate."""
     if not rate:
         return [0.0] * n
+    if process == "constant":
+        return [i / rate for i in range(n)]
     t, out = 0.0, []
     for _ in range(n):
         t += rng.expovariate(rate)
@@ -108,17 +115,20 @@ def poisson_arrivals(n: int, rate: float | None, rng: random.Random) -> list[flo
     return out
 
 
-def preset(name: str, num_requests: int, rate: float | None, seed: int, sizes: PresetSizes) -> list[SimRequest]:
+def preset(name: str, num_requests: int, rate: float | None, seed: int, sizes: PresetSizes,
+           arrival: str = "poisson") -> list[SimRequest]:
     if name not in PRESETS:
         raise WorkloadError(f"unknown workload '{name}' (presets: {', '.join(PRESETS)}; a .jsonl file; "
                             f"or mooncake:FILE)")
     rng = random.Random(seed)
-    arrivals = poisson_arrivals(num_requests, rate, rng)
+    arrivals = arrival_times(num_requests, rate, rng, arrival)
     out = []
     sessions: dict[int, list[tuple[str, int]]] = {}
     for i in range(num_requests):
         session, answer = f"user-{i}", None
-        if name == "shared-system-prompt":
+        if name == "random":   # benchmark clients' random prompts: nothing shared
+            segs = [(f"prompt-{i}", sizes.input_tokens)]
+        elif name == "shared-system-prompt":
             segs = [("system", sizes.system_tokens), (f"user-{i}", sizes.user_tokens)]
         elif name == "timestamp-first":
             # a changing token at the very start: every block after it is new

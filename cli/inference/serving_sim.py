@@ -17,11 +17,13 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from cost.profile import load_profile
+from cost.engines import ENGINES
+from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
 from serving.simulator import ServerConfig, StepCost, simulate
 from serving.traces import load_jsonl, load_mooncake
-from serving.workload import PRESETS, PresetSizes, WorkloadError, preset
+from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, preset
 from tracer.model_source import resolve_model
 from tracer.table import format_table
 from tracer.trace import trace
@@ -46,7 +48,7 @@ def server_config(args, spec, hw, options) -> ServerConfig:
     else:
         gpu_gb = _positive_gb(args.gpu_cache_gb, "--gpu-cache-gb")
     return ServerConfig(block_size=args.block_size, gpu_blocks=_blocks(gpu_gb, block_bytes),
-                        cpu_blocks=int(args.cpu_cache_gb * 1e9 // block_bytes),
+                        cpu_blocks=int(args.cpu_cache_gb * 1e9 // block_bytes), gpus_per_instance=args.tp_size,
                         max_prefill_tokens=args.max_prefill_tokens, max_running=args.max_running,
                         block_bytes=block_bytes, host_link_bytes_per_s=hw.host_link_bandwidth_gbps * 1e9,
                         cache_policy=args.cache_policy, instances=args.instances, routing=args.routing)
@@ -73,8 +75,9 @@ def load_workload(args):
     if args.workload in PRESETS:
         sizes = PresetSizes(system_tokens=args.system_tokens, user_tokens=args.user_tokens,
                             output_tokens=args.output_tokens, turns=args.turns, documents=args.documents,
-                            document_tokens=args.document_tokens, question_tokens=args.question_tokens)
-        requests = preset(args.workload, args.num_requests, args.request_rate, args.seed, sizes)
+                            document_tokens=args.document_tokens, question_tokens=args.question_tokens,
+                            input_tokens=args.input_tokens)
+        requests = preset(args.workload, args.num_requests, args.request_rate, args.seed, sizes, args.arrival)
     elif args.workload.startswith("mooncake:"):
         requests = load_mooncake(args.workload[len("mooncake:"):], args.mooncake_block_tokens)
     elif Path(args.workload).suffix in (".jsonl", ".json") or Path(args.workload).exists():
@@ -103,20 +106,24 @@ _SHARED: dict = {}   # what forked sweep workers read instead of pickling the wo
 
 
 def _simulate_one(label: str) -> tuple[str, dict]:
-    requests, cost, runs, window_s = _SHARED["job"]
+    requests, cost, runs, window_s, users = _SHARED["job"]
     cfg = runs[label]
-    return label, simulate(requests, cost, cfg).summary(cfg, window_s)
+    arrivals = ClosedLoopArrivals(requests, users) if users else None
+    return label, simulate(requests, cost, cfg, arrivals).summary(cfg, window_s)
 
 
 def run(args) -> dict:
     spec, hw, options = resolve_model(args.model), load_profile(args.device), trace_options(args)
+    defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
+    args.max_running = args.max_running or defaults.max_num_seqs
+    args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
     requests = load_workload(args)
     config = server_config(args, spec, hw, options)
     cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine)
     runs = _runs(args, config)
     for r in requests:   # identities once, shared by every run (and by forked workers)
         r.hash_blocks(config.block_size)
-    _SHARED["job"] = (requests, cost, runs, args.hit_window_s)
+    _SHARED["job"] = (requests, cost, runs, args.hit_window_s, args.concurrency)
     workers = min(len(runs), os.cpu_count() or 1, args.jobs)
     if sys.stderr.isatty():
         print(f"simulating {', '.join(runs)} ({len(requests)} requests)...", file=sys.stderr)
@@ -131,12 +138,21 @@ def run(args) -> dict:
     out = {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
-           "time_scale": args.time_scale, "runs": {k: results[k] for k in runs}}
+           "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
+           "load": _load_label(args), "runs": {k: results[k] for k in runs}}
     if args.sweep_gpu_cache_gb:
         out["sweep"] = [{"gpu_cache_gb": gb, "hit_rate": r["hit_rate"], "ttft_ms_p50": r["ttft_ms"]["p50"],
                          "evicted_blocks": r["evictions"]["blocks"], "preemptions": r["preemptions"]["count"]}
                         for gb, r in zip(args.sweep_gpu_cache_gb, out["runs"].values())]
     return out
+
+
+def _load_label(args) -> str:
+    if args.concurrency:
+        return f"closed loop, {args.concurrency} users"
+    if args.request_rate:
+        return f"open loop, {args.arrival} arrivals at {args.request_rate:g} requests/s"
+    return "all requests at once" if args.workload in PRESETS else "the trace's arrival times"
 
 
 def _f(v, fmt="{:.1f}") -> str:
@@ -164,8 +180,16 @@ ROWS = [  # (label, formatter of one run's summary)
     ("  miss requests", lambda r: _pcts(r["ttft_ms_miss"]) + f" ({r['ttft_ms_miss']['requests']})"),
     ("TPOT p50 / p90 / p99 ms", lambda r: f"{_f(r['tpot_ms']['p50'], '{:.2f}')} / {_f(r['tpot_ms']['p90'], '{:.2f}')}"
                                           f" / {_f(r['tpot_ms']['p99'], '{:.2f}')}"),
+    ("ITL p50 / p90 / p99 ms", lambda r: f"{_f(r['itl_ms']['p50'], '{:.2f}')} / {_f(r['itl_ms']['p90'], '{:.2f}')}"
+                                         f" / {_f(r['itl_ms']['p99'], '{:.2f}')}"),
+    ("E2E latency p50 / p90 / p99 ms", lambda r: _pcts(r["e2e_ms"])),
+    ("mean TTFT / TPOT / E2E ms", lambda r: f"{_f(r['ttft_ms']['mean'])} / {_f(r['tpot_ms']['mean'], '{:.2f}')} / "
+                                            f"{_f(r['e2e_ms']['mean'])}"),
     ("computed prefill tokens/s", lambda r: f"{r['computed_prefill_tokens_per_s']:,.0f}"),
-    ("output tokens/s", lambda r: f"{r['output_tokens_per_s']:,.0f}"),
+    ("output tokens/s (per GPU)", lambda r: f"{r['output_tokens_per_s']:,.0f} "
+                                            f"({r['output_tokens_per_s_per_gpu']:,.0f})"),
+    ("total tokens/s (per GPU)", lambda r: f"{r['total_tokens_per_s']:,.0f} ({r['total_tokens_per_s_per_gpu']:,.0f})"),
+    ("requests/s", lambda r: f"{r['request_rate']:.2f}"),
     ("GPU KV GB/instance used mean / peak", lambda r: f"{r['kv_memory_gb']['gpu_used_mean']:.1f} / "
                                              f"{r['kv_memory_gb']['gpu_used_peak']:.1f}"),
     ("  evictable mean / capacity", lambda r: f"{r['kv_memory_gb']['gpu_evictable_mean']:.1f} / "
@@ -190,9 +214,9 @@ def render(out: dict) -> str:
     if out["instances"] > 1:
         rows.append([f"hit rate per instance ({out['routing']})",
                      *(" ".join(f"{i['hit_rate'] * 100:.0f}%" for i in r["instances"]) for r in runs.values())])
-    title = (f"{out['model']} on {out['device']} (TP={out['tp_size']}) x {out['instances']}, workload "
-             f"{out['workload']}, {out['num_requests']} requests, {out['cache_policy']} cache, "
-             f"block size {out['block_size']}")
+    title = (f"{out['model']} on {out['device']} (TP={out['tp_size']}) x {out['instances']}, {out['engine']}, "
+             f"workload {out['workload']}, {out['num_requests']} requests, {out['load']}, {out['cache_policy']} "
+             f"cache, block size {out['block_size']}")
     text = format_table(["metric", *runs.keys()], rows, title=title)
     if "sweep" in out:
         text += "\n\n" + format_table(
@@ -263,7 +287,11 @@ def main(argv=None) -> int:
                    help=f"a preset ({', '.join(PRESETS)}), a JSONL trace file, or mooncake:FILE (a Mooncake trace)")
     p.add_argument("--num-requests", type=positive_int, default=200, help="requests of a preset (default 200)")
     p.add_argument("--request-rate", type=float, default=None,
-                   help="a preset's Poisson arrivals per second (default: all at 0)")
+                   help="open loop: a preset's arrivals per second (default: all at once, maximum throughput)")
+    p.add_argument("--arrival", default="poisson", choices=ARRIVALS,
+                   help="open-loop arrivals: poisson (default) or constant (evenly spaced)")
+    p.add_argument("--concurrency", type=positive_int, default=None,
+                   help="closed loop: this many users, each sending its next request when answered")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply every arrival time by X: 0.5 replays a trace twice as fast (default 1)")
     p.add_argument("--mooncake-block-tokens", type=positive_int, default=512,
@@ -281,9 +309,10 @@ def main(argv=None) -> int:
     p.add_argument("--instances", type=positive_int, default=1, help="data-parallel engine instances (default 1)")
     p.add_argument("--routing", default="round-robin", choices=list(ROUTERS),
                    help="how requests pick an instance (default round-robin)")
-    p.add_argument("--max-prefill-tokens", type=positive_int, default=8192,
-                   help="tokens per step, decode tokens included (vLLM's max_num_batched_tokens; default 8192)")
-    p.add_argument("--max-running", type=positive_int, default=256, help="concurrent requests (default 256)")
+    p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
+                   help="tokens per step, decode tokens included (max_num_batched_tokens; default: the engine's)")
+    p.add_argument("--max-running", type=positive_int, default=None,
+                   help="requests running at once (max_num_seqs; default: the engine's)")
     p.add_argument("--compare", action="store_true", help="no prefix cache vs GPU cache vs GPU + CPU tier")
     p.add_argument("--hit-window-s", type=float, default=None,
                    help="window of the hit rate over time (default: the run's span / 40)")
@@ -299,10 +328,13 @@ def main(argv=None) -> int:
     sizes.add_argument("--documents", type=positive_int, default=4)
     sizes.add_argument("--document-tokens", type=positive_int, default=8192)
     sizes.add_argument("--question-tokens", type=positive_int, default=32)
+    sizes.add_argument("--input-tokens", type=positive_int, default=512, help="the random preset's prompt length")
     add_model_arguments(p)
     args = p.parse_args(argv)
-    if args.request_rate is not None and not args.request_rate > 0:
-        p.error("--request-rate must be > 0")
+    if args.request_rate is not None and not (args.request_rate > 0 and args.request_rate != float("inf")):
+        p.error("--request-rate must be a finite number > 0")
+    if args.concurrency and args.request_rate:
+        p.error("--concurrency (closed loop) and --request-rate (open loop) do not combine")
     if not (args.time_scale > 0 and args.time_scale != float("inf")):
         p.error("--time-scale must be > 0")
     if args.cpu_cache_gb < 0 or args.cpu_cache_gb != args.cpu_cache_gb:
