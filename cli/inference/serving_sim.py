@@ -24,12 +24,11 @@ from serving.routing import ROUTERS
 from serving.simulator import ServerConfig, StepCost, simulate
 from serving.traces import load_jsonl, load_mooncake
 from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, preset
-from tracer.model_source import resolve_model
 from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, positive_int, run_main,
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, model_spec, positive_int, run_main,
                       trace_options, warn)
 from .memory import kv_heads, peak_activation_bytes
 
@@ -113,7 +112,7 @@ def _simulate_one(label: str) -> tuple[str, dict]:
 
 
 def run(args) -> dict:
-    spec, hw, options = resolve_model(args.model), load_profile(args.device), trace_options(args)
+    spec, hw, options = model_spec(args), load_profile(args.device), trace_options(args)
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
