@@ -30,6 +30,7 @@ from tracer.work import Request
 
 from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, model_spec, positive_int, run_main,
                       trace_options, warn)
+from ..progress import Progress
 from .memory import kv_heads, peak_activation_bytes
 
 MEMORY_UTILIZATION = 0.9
@@ -108,7 +109,9 @@ def _simulate_one(label: str) -> tuple[str, dict]:
     requests, cost, runs, window_s, users = _SHARED["job"]
     cfg = runs[label]
     arrivals = ClosedLoopArrivals(requests, users) if users else None
-    return label, simulate(requests, cost, cfg, arrivals).summary(cfg, window_s)
+    with Progress(len(requests), f"simulating {label}", unit="req", position=list(runs).index(label)) as bar:
+        result = simulate(requests, cost, cfg, arrivals, on_progress=bar.set)
+    return label, result.summary(cfg, window_s)
 
 
 def run(args) -> dict:
@@ -124,8 +127,6 @@ def run(args) -> dict:
         r.hash_blocks(config.block_size)
     _SHARED["job"] = (requests, cost, runs, args.hit_window_s, args.concurrency)
     workers = min(len(runs), os.cpu_count() or 1, args.jobs)
-    if sys.stderr.isatty():
-        print(f"simulating {', '.join(runs)} ({len(requests)} requests)...", file=sys.stderr)
     if workers > 1:
         context = get_context("fork")
         with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:

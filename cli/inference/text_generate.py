@@ -19,6 +19,7 @@ from tracer.work import Trace
 
 from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, model_spec, positive_int,
                       run_main, trace_options, warn)
+from ..progress import Progress
 from .config import RequestInfo, UserInputConfig
 from .memory import MemoryEstimate, estimate_memory
 
@@ -127,10 +128,12 @@ def render(r: Result) -> str:
 
 def sweep(args, spec: ModelSpec, options, rates: list[float]) -> int:
     results = []
-    for rate in rates:
-        config = UserInputConfig(args.num_queries, args.query_length, args.context_length, False, rate)
-        results.append(predict(spec, args.device, config, args.tp_size, args.ep_size, args.execution, options,
-                               args.engine, args.ep_style))
+    with Progress(len(rates), "hit rates") as bar:   # the first rates trace the model; each rate is a new shape
+        for rate in rates:
+            config = UserInputConfig(args.num_queries, args.query_length, args.context_length, False, rate)
+            results.append(predict(spec, args.device, config, args.tp_size, args.ep_size, args.execution, options,
+                                   args.engine, args.ep_style))
+            bar.update()
     base = results[0].estimate.latency_s if rates[0] == 0 else None
     if base is None:
         base = predict(spec, args.device, UserInputConfig(args.num_queries, args.query_length, args.context_length),
