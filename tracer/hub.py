@@ -61,6 +61,9 @@ def _fetch(model_id: str, revision: str | None, with_code: bool) -> Path:
     from huggingface_hub import errors
     where = f"{model_id}" + (f" at revision {revision}" if revision else "")
     local_only = offline()
+    hub_logging = huggingface_hub.utils.logging
+    verbosity = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()   # its retry warnings would bury the one-line error below
     try:
         if with_code:
             folder = huggingface_hub.snapshot_download(model_id, revision=revision, cache_dir=cache_dir(),
@@ -93,6 +96,8 @@ def _fetch(model_id: str, revision: str | None, with_code: bool) -> Path:
     except (errors.HfHubHTTPError, OSError) as e:
         raise HubError(f"cannot fetch {CONFIG} of {where}: {type(e).__name__}: "
                        f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    finally:
+        hub_logging.set_verbosity(verbosity)
 
 
 def hub_config(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Path, str]:
