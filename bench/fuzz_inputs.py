@@ -262,6 +262,8 @@ def main() -> int:
         counts[outcome] = counts.get(outcome, 0) + 1
         if args.verbose or not outcome.startswith("ok"):
             print(f"{outcome:18s} {seconds:5.1f}s  {case.cli} {case.label}: {detail[:160]}")
+    answered = [f"{c.cli.split('.')[-1]} {c.label}" for c, outcome, _, _ in results if outcome == "ok (answered)"]
+    print(f"\nanswered (exit 0): {'; '.join(answered)}")
     print(f"\n{len(results)} cases in {time.perf_counter() - start:.0f} s")
     for outcome in ("traceback", "timeout", "bad numbers", "silent acceptance", "ok (refused)", "ok (answered)"):
         print(f"  {outcome:18s} {counts.pop(outcome, 0)}")

@@ -33,10 +33,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON list of the profiles on stdout")
     args = p.parse_args(argv)
     try:
-        profiles = [load_profile(args.device)] if args.device else [load_profile(n) for n in profile_names()]
-    except ProfileError as e:
+        return show(args)
+    except ProfileError as e:   # also a fitted engine section out of its range, found when first read
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def show(args) -> int:
+    profiles = [load_profile(args.device)] if args.device else [load_profile(n) for n in profile_names()]
     if args.json:
         print(dumps_strict([{
             "key": hw.key, "name": hw.name, "aliases": list(hw.aliases), "matrix_tflops": hw.matrix_tflops,

@@ -34,8 +34,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def trace_options(args) -> TraceOptions:
-    if args.moe_imbalance < 1.0:
-        raise ValueError("--moe-imbalance must be >= 1.0")
+    if not 1.0 <= args.moe_imbalance <= 1e3:   # also NaN
+        raise ValueError(f"--moe-imbalance must be in [1, 1000], got {args.moe_imbalance}")
     mla_form = args.mla_form
     if mla_form == "auto":  # eager execution means HF's own code path
         mla_form = "hf" if getattr(args, "execution", "engine") == "eager" else "absorbed"
