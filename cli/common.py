@@ -12,7 +12,7 @@ from cost.execution import EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
 from cost.layout_checks import Layout, LayoutError, LayoutReport, ModelFacts, check_layout
 from cost.profile import ProfileError
 from tracer.cli_io import dumps_strict, quiet_broken_pipe
-from tracer.__main__ import ArgumentParser, add_model_arguments, trace_options
+from tracer.__main__ import ArgumentParser, add_model_arguments, model_spec, trace_options
 from tracer.model_source import ModelError
 
 from serving.workload import WorkloadError
@@ -22,7 +22,7 @@ from .inference.config import InputError
 USER_ERRORS = (InputError, LayoutError, ModelError, ProfileError, WorkloadError, ValueError)
 
 __all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments", "check_layout_or_fail",
-           "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "positive_int", "quiet_broken_pipe", "run_main",
+           "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "model_spec", "positive_int", "quiet_broken_pipe", "run_main",
            "trace_options", "warn"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .engine_kernels import EngineCalibration, parse_calibration
 from .engines import DEFAULT_ENGINE, ENGINES
-from .profile_schema import ProfileSchemaError, validate_efficiency, validate_profile
+from .profile_schema import ProfileFile, ProfileSchemaError, validate_efficiency, validate_profile
 
 
 class ProfileError(ValueError):
@@ -78,6 +78,10 @@ class HardwareProfile:
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
     l2_cache_mb: float = 0.0      # 0: unknown, no L2 residency modelled
+    gpus_per_node: int = 8        # GPUs one interconnect domain (NVLink, Infinity Fabric, HCCS) joins
+    scale_out_name: str = ""      # the network between nodes; empty: unknown, multi-node layouts are refused
+    scale_out_bandwidth_gbps: float = 0.0    # per GPU, per direction
+    scale_out_latency_us: float = 0.0
     engines_data: dict = field(default_factory=dict, compare=False, repr=False)   # the raw `engines` section
 
     @property
@@ -198,7 +202,15 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         interconnect_latency_us=f.interconnect.latency_us, host_link_name=f.host_link.name,
         host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,
         efficiency=_efficiency(f.efficiency, where, seen), sources=dict(f.sources), path=where,
-        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines)
+        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, **_scale_out(f))
+
+
+def _scale_out(f: ProfileFile) -> dict:
+    """The optional `scale_out` section: how nodes are joined, per GPU."""
+    if f.scale_out is None:
+        return {}
+    return {"scale_out_name": f.scale_out.name, "gpus_per_node": f.scale_out.gpus_per_node,
+            "scale_out_bandwidth_gbps": f.scale_out.bandwidth_gbps, "scale_out_latency_us": f.scale_out.latency_us}
 
 
 def _bundled_keys() -> dict[str, str]:

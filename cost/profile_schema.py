@@ -49,6 +49,14 @@ class Link(_Section):
     latency_us: PositiveMicroseconds
 
 
+class ScaleOut(_Section):
+    """The network between nodes, per GPU and direction."""
+    name: StrictStr = ""
+    gpus_per_node: Annotated[int, Field(strict=True, ge=1, le=10**5)]
+    bandwidth_gbps: GBps
+    latency_us: PositiveMicroseconds
+
+
 class HostLink(_Section):
     name: StrictStr = ""
     bandwidth_gbps: GBps
@@ -107,7 +115,7 @@ class ProfileFile(_Section):
     memory: Memory
     l2_cache_mb: _finite(0.0, 1e5) = 0.0
     interconnect: Link
-    scale_out: Link | None = None            # the network between nodes, shaped like interconnect
+    scale_out: ScaleOut | None = None        # the network between nodes: interconnect's fields and gpus_per_node
     host_link: HostLink
     kernel_launch_us: PositiveMicroseconds
     efficiency: dict[StrictStr, Any] | None = None     # Inherited or EfficiencySchema: checked in validate_profile

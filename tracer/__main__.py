@@ -6,7 +6,7 @@ import sys
 from collections import defaultdict
 
 from .cli_io import dumps_strict, quiet_broken_pipe
-from .model_source import ModelError, bundled_models, resolve_model
+from .model_source import ModelError, ModelSpec, bundled_models, resolve_model
 from .table import format_table, human
 from .work import OP_CLASSES, Request, Trace, TraceOptions
 
@@ -30,7 +30,15 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "(default): hf for --execution eager, absorbed otherwise")
     p.add_argument("--moe-imbalance", type=float, default=1.0,
                    help="tokens on the busiest expert relative to balanced routing (default 1.0)")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow running a model's own remote code")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow fetching and running a model's own remote code")
+    p.add_argument("--revision", default=None,
+                   help="Hugging Face Hub ids: branch, tag or commit of config.json (default: main)")
+
+
+def model_spec(args) -> ModelSpec:
+    """The model a command's MODEL, --revision and --trust-remote-code name."""
+    return resolve_model(args.model, revision=args.revision, trust_remote_code=args.trust_remote_code)
 
 
 def trace_options(args) -> TraceOptions:
@@ -106,7 +114,7 @@ def list_models() -> str:
 @quiet_broken_pipe
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m tracer", description=__doc__)
-    p.add_argument("model", nargs="?", help="bundled name, folder or config.json path, or HF id in the local cache")
+    p.add_argument("model", nargs="?", help="bundled name, folder or config.json path, or Hugging Face Hub id")
     p.add_argument("--list", action="store_true", help="list the bundled models")
     p.add_argument("--num-queries", "-b", type=int, default=1, help="sequences in the batch (default 1)")
     p.add_argument("--query-length", "-q", type=int, default=None, help="new tokens per sequence (default 2048)")
@@ -129,7 +137,7 @@ def main(argv=None) -> int:
     try:
         from .trace import trace
         request = Request(args.num_queries, query, args.context_length, decode=args.decode, all_logits=args.all_logits)
-        spec = resolve_model(args.model)
+        spec = model_spec(args)
         options = trace_options(args)
         t = trace(spec, request, options)
     except (ValueError, ModelError) as e:
