@@ -21,9 +21,9 @@ from .inference.config import InputError
 
 USER_ERRORS = (InputError, LayoutError, ModelError, ProfileError, WorkloadError, ValueError)
 
-__all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments", "check_layout_or_fail",
-           "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "model_spec", "positive_int", "quiet_broken_pipe", "run_main",
-           "trace_options", "warn"]
+__all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments",
+           "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "model_spec",
+           "positive_int", "quiet_broken_pipe", "run_main", "trace_options", "warn"]
 
 
 class WorkLimit:

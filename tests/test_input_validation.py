@@ -73,7 +73,10 @@ def _mutated(path: str, value):
     ("colour", "blue", "field 'colour': unknown field"),
     ("engines", {"tgi": {}}, "field 'engines.tgi': unknown engine"),
     ("engines", {"from": 3}, "field 'engines.from'"),
-    ("scale_out", {"name": "IB", "bandwidth_gbps": "fast", "latency_us": 2}, "field 'scale_out.bandwidth_gbps'"),
+    ("scale_out", {"name": "IB", "gpus_per_node": 8, "bandwidth_gbps": "fast", "latency_us": 2},
+     "field 'scale_out.bandwidth_gbps'"),
+    ("scale_out", {"name": "IB", "gpus_per_node": 0, "bandwidth_gbps": 50, "latency_us": 2},
+     "field 'scale_out.gpus_per_node'"),
 ])
 def test_profile_schema_names_the_field_and_rule(path, value, expected):
     with pytest.raises(ProfileError) as e:
@@ -82,9 +85,9 @@ def test_profile_schema_names_the_field_and_rule(path, value, expected):
 
 
 def test_profile_accepts_a_scale_out_network():
-    hw = parse_profile(_mutated("scale_out", {"name": "InfiniBand NDR", "bandwidth_gbps": 50, "latency_us": 5.0}),
-                       "ib", "ib.json")
-    assert hw.memory_bandwidth_gbps == 4800
+    scale_out = {"name": "InfiniBand NDR", "gpus_per_node": 4, "bandwidth_gbps": 25, "latency_us": 5.0}
+    hw = parse_profile(_mutated("scale_out", scale_out), "ib", "ib.json")
+    assert (hw.gpus_per_node, hw.scale_out_bandwidth_gbps, hw.scale_out_latency_us) == (4, 25.0, 5.0)
 
 
 def test_profile_engine_numbers_are_checked_by_the_parameter_bounds(tmp_path):

@@ -181,7 +181,8 @@ def test_profile_files_refused_or_priced_soundly(tiny, tmp_path, path, value, ex
 segment = st.fixed_dictionaries({"id": st.one_of(st.text(max_size=3), st.integers(0, 3)),
                                  "tokens": st.one_of(st.integers(-1, 10**9), st.floats(), st.text(max_size=2))})
 request_line = st.fixed_dictionaries(
-    {"arrival_s": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-1, 10**8), st.text(max_size=2))},
+    {"arrival_s": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-1, 10**8),
+                            st.text(max_size=2))},
     optional={"segments": st.lists(segment, max_size=3), "token_ids": st.lists(st.integers(-2, 5), max_size=4),
               "output_tokens": st.one_of(st.integers(-1, 100), st.floats()), "session": st.text(max_size=2),
               "colour": st.integers()})

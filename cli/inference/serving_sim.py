@@ -368,14 +368,16 @@ def main(argv=None) -> int:
                                                  f"{MAX_SIM_TOKENS.env})")
     token_count = bounded_int(10**8)
     sizes.add_argument("--system-tokens", type=token_count, default=2048,
-                       help="shared system prompt (shared-system-prompt, timestamp-first, multi-turn-chat; default 2048)")
+                       help="shared system prompt (shared-system-prompt, timestamp-first, multi-turn-chat; "
+                            "default 2048)")
     sizes.add_argument("--user-tokens", type=token_count, default=64, help="each user message (default 64)")
     sizes.add_argument("--output-tokens", type=token_count, default=128, help="each answer (default 128)")
     sizes.add_argument("--turns", type=token_count, default=4, help="multi-turn-chat: turns per session (default 4)")
     sizes.add_argument("--documents", type=token_count, default=4, help="document-qa: distinct documents (default 4)")
     sizes.add_argument("--document-tokens", type=token_count, default=8192,
                        help="document-qa: tokens per document (default 8192)")
-    sizes.add_argument("--question-tokens", type=token_count, default=32, help="document-qa: each question (default 32)")
+    sizes.add_argument("--question-tokens", type=token_count, default=32,
+                       help="document-qa: each question (default 32)")
     sizes.add_argument("--input-tokens", type=token_count, default=512, help="the random preset's prompt length "
                                                                             "(default 512)")
     add_model_arguments(p)
