@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+from pathlib import Path
 
 from cost.engines import DEFAULT_ENGINE, ENGINES
 from cost.execution import EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
+from cost.layout_checks import Layout, LayoutError, LayoutReport, ModelFacts, check_layout
 from cost.profile import ProfileError
+from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.__main__ import ArgumentParser, add_model_arguments, model_spec, trace_options
 from tracer.model_source import ModelError
 
@@ -14,10 +19,86 @@ from serving.workload import WorkloadError
 
 from .inference.config import InputError
 
-USER_ERRORS = (InputError, ModelError, ProfileError, WorkloadError, ValueError)
+USER_ERRORS = (InputError, LayoutError, ModelError, ProfileError, WorkloadError, ValueError)
 
-__all__ = ["ArgumentParser", "USER_ERRORS", "add_device_arguments", "add_model_arguments", "hit_rate", "model_spec",
-           "positive_int", "run_main", "trace_options", "warn"]
+__all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments",
+           "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "model_spec",
+           "positive_int", "quiet_broken_pipe", "run_main", "trace_options", "warn"]
+
+
+class WorkLimit:
+    """A bound on the work one command may start, raised with an environment variable.
+
+    Limits exist so that a typo (10^12 tokens, a budget of 1 token per step) is refused at once instead
+    of running for hours or exhausting memory; they sit far above any real model or trace."""
+
+    def __init__(self, env: str, default: int, what: str):
+        self.env, self.default, self.what = env, default, what
+
+    @property
+    def value(self) -> int:
+        text = os.environ.get(self.env)
+        if not text:
+            return self.default
+        try:
+            return max(1, int(float(text)))
+        except (ValueError, OverflowError):
+            raise InputError(f"{self.env} must be a number, got '{text}'") from None
+
+    def check(self, amount: float, label: str) -> None:
+        if amount > self.value:
+            raise InputError(f"{label} is {amount:,.0f}, over the limit of {self.value:,} {self.what}; "
+                             f"set {self.env}={int(amount)} to allow it")
+
+
+MAX_TOKENS = WorkLimit("TRACECOST_MAX_TOKENS", 10**7, "tokens per sequence (query + context)")
+MAX_BATCH_TOKENS = WorkLimit("TRACECOST_MAX_BATCH_TOKENS", 10**9, "tokens in one step (batch x sequence)")
+MAX_SWEEP = WorkLimit("TRACECOST_MAX_SWEEP", 256, "points in one sweep")
+MAX_REQUESTS = WorkLimit("TRACECOST_MAX_REQUESTS", 10**6, "requests in one simulation")
+MAX_SIM_TOKENS = WorkLimit("TRACECOST_MAX_SIM_TOKENS", 5 * 10**8, "tokens (prompt + output) in one simulation")
+MAX_SIM_STEPS = WorkLimit("TRACECOST_MAX_SIM_STEPS", 5 * 10**5, "engine steps in one simulation (estimated)")
+
+
+def finite_float(low: float | None = None, high: float | None = None, *, low_open: bool = False):
+    """argparse type: a finite number in [low, high] ((low, high] with low_open)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got '{text}'") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if low is not None and (value <= low if low_open else value < low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if low_open else '>='} {low:g}, got {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text}")
+        return value
+    return parse
+
+
+def check_plot_path(path: str | None) -> None:
+    """--plot must name a writable file in an existing folder: checked before any work is done."""
+    if path is None:
+        return
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"--plot {path}: folder {folder} does not exist")
+    if target.is_dir():
+        raise InputError(f"--plot {path} is a folder; give a file name such as plot.png")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise InputError(f"--plot {path}: not writable")
+
+
+def check_layout_or_fail(config: dict, name: str, layout: Layout, input_length: int | None = None,
+                         moe_imbalance: float | None = None) -> LayoutReport:
+    """The layout checked against the model: errors raise LayoutError (exit 2), warnings go to stderr and are
+    returned for the --json output."""
+    report = check_layout(ModelFacts.from_config(config, name), layout, input_length, moe_imbalance)
+    report.raise_errors()
+    for message in report.warnings:
+        warn(message)
+    return report
 
 
 def hit_rate(text: str) -> float:
@@ -35,9 +116,17 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got '{text}'") from None
+        try:   # 1e6 is a common way to write a count; 1.5 is not a count
+            number = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got '{text}'") from None
+        if not math.isfinite(number) or number != int(number):
+            raise argparse.ArgumentTypeError(f"must be an integer, got '{text}'") from None
+        value = int(number)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    if value > 10**15:
+        raise argparse.ArgumentTypeError(f"must be <= 10^15, got {text}")
     return value
 
 
@@ -60,6 +149,11 @@ def run_main(body, args) -> int:
     """Run a command body; user errors become one line on stderr and exit code 2, never a traceback."""
     try:
         return body(args)
+    except BrokenPipeError:
+        raise   # quiet_broken_pipe (around main) ends the command
+    except OSError as e:   # a file the user named cannot be read or written
+        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

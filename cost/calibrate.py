@@ -14,13 +14,14 @@ elementwise stream on the rest. The objective is the squared log error, so a 10%
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tracer.__main__ import ArgumentParser
+from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.model_source import ModelError, ModelSpec
 from tracer.trace import trace
 from tracer.work import ATTENTION, GEMM, OTHER, GemmShape, Request, TraceOptions
@@ -28,7 +29,9 @@ from tracer.work import ATTENTION, GEMM, OTHER, GemmShape, Request, TraceOptions
 from .estimate import price_kernel
 from .execution import EAGER, build_kernels
 from .kernels import gemm_time
+from .measurement_schema import MeasurementError, load_measurements
 from .profile import Efficiency, HardwareProfile, ProfileError, load_profile, profiles_dir
+from .profile_schema import ProfileSchemaError, validate_efficiency
 
 MEASURED_OTHER = ("elementwise", "copy", "reduce_index")
 
@@ -45,12 +48,9 @@ class Scenario:
 
 
 def load_scenarios(directory: Path, progress=None) -> list[Scenario]:
-    configs = json.loads((directory / "model_configs.json").read_text())
-    raw = json.loads((directory / "scenarios.json").read_text())["scenarios"]
+    configs, raw, _ = load_measurements(directory)
     out = []
     for i, s in enumerate(raw):
-        if "error" in s or "by_class_ms" not in s or s.get("model") not in configs:
-            continue
         spec = ModelSpec(s["model"], configs[s["model"]], str(directory))
         request = Request(s["batch"], s["query"], s["context"], decode=s["phase"] == "decode")
         try:
@@ -235,16 +235,18 @@ def run_eager(args) -> int:
     if len(scenarios) < 8:
         print(f"error: {directory}: {len(scenarios)} usable scenarios; a fit needs at least 8", file=sys.stderr)
         return 2
-    if any(v < 0 for s in scenarios for v in s.measured_ms.values()):
-        print(f"error: {directory}: negative measured times", file=sys.stderr)
-        return 2
-    microbench = json.loads((directory / "microbench.json").read_text())
+    microbench = load_measurements(directory)[2]
     fitted = Fitter(hw, scenarios, microbench).run()
     origin = (f"fitted by python -m cost.calibrate on {directory.name} ({len(scenarios)} scenarios, "
               f"{len(microbench.get('bf16_linear', []))} GEMM microbenchmarks)")
     eff = efficiency_json(fitted.efficiency, origin)
+    try:   # finite and in range, or nothing is written
+        validate_efficiency(eff, "the fitted efficiency")
+    except ProfileSchemaError as e:
+        print(f"error: {e}; nothing written", file=sys.stderr)
+        return 1
     if args.dry_run:
-        print(json.dumps(eff, indent=1))
+        print(dumps_strict(eff, indent=1))
         return 0
     before, after = eager_error(hw, scenarios), eager_error(fitted, scenarios)
     return write_result(hw, "efficiency", eff, args, f"median eager error {before * 100:.1f}% -> {after * 100:.1f}%",
@@ -263,12 +265,16 @@ def write_result(hw: HardwareProfile, section: str, value: dict, args, compariso
         if "from" in data["engines"]:
             data["engines"] = {}
         data["engines"][section] = value
-    text = json.dumps(data, indent=1) + "\n"
+    text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     output = Path(args.output or f"calibrated-{hw.key}-{section}.json")
     if output.resolve() == source.resolve():
         print("error: --output would overwrite the bundled profile; use --write-profile", file=sys.stderr)
         return 2
-    output.write_text(text)
+    try:
+        output.write_text(text)
+    except OSError as e:
+        print(f"error: cannot write {output}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"wrote {output} ({comparison})", file=sys.stderr)
     if args.write_profile:
         if not better:
@@ -280,8 +286,9 @@ def write_result(hw: HardwareProfile, section: str, value: dict, args, compariso
     return 0
 
 
+@quiet_broken_pipe
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cost.calibrate", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="python -m cost.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("measurements", nargs="?", help="HF-eager measurements: folder with microbench.json, "
                                                    "scenarios.json and model_configs.json")
     p.add_argument("--kernel-db", metavar="PATH", help="engine kernel tables: the aiconfigurator-core wheel or its "
@@ -307,7 +314,7 @@ def main(argv=None) -> int:
         if not args.measurements:
             p.error("give a measurements folder (HF eager) or --kernel-db PATH --system NAME (engines)")
         return run_eager(args)
-    except (ProfileError, ModelError, ValueError) as e:
+    except (ProfileError, ModelError, MeasurementError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -169,7 +169,7 @@ def _median_log_error(errors: dict) -> float:
 
 
 def run_engine(args) -> int:
-    import json
+    from tracer.cli_io import dumps_strict
     import sys
 
     from .calibrate import write_result
@@ -203,7 +203,7 @@ def run_engine(args) -> int:
     cal = calibrate(tables, hw, args.engine, origin, args.seed, args.fit_fraction, base=current,
                     progress=lambda m: print(f"fitted {m}", file=sys.stderr, flush=True), only=only)
     if args.dry_run:
-        print(json.dumps(cal.to_json(), indent=1))
+        print(dumps_strict(cal.to_json(), indent=1))
         return 0
     after = _median_log_error(held_out_errors(cal, hw, tables, args.seed, args.fit_fraction))
     before = _median_log_error(held_out_errors(current, hw, tables, args.seed, args.fit_fraction)) \

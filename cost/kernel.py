@@ -18,6 +18,8 @@ import argparse
 import json
 import sys
 
+from tracer.cli_io import dumps_strict, quiet_broken_pipe
+
 from .engines import DEFAULT_ENGINE, ENGINES
 from .kernel_rows import RowError, parse_row, price_rows
 from .profile import ProfileError, load_profile
@@ -42,10 +44,12 @@ def read_rows(stream) -> tuple[list[dict], list]:
     return objects, rows
 
 
+@quiet_broken_pipe
 def main(argv=None) -> int:
     p = _Parser(prog="python -m cost.kernel", description=__doc__.split("\n")[0])
     p.add_argument("--device", required=True, help="hardware profile name/alias or .json path")
-    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES))
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES),
+                   help=f"serving engine whose fitted kernel models price the rows (default {DEFAULT_ENGINE})")
     p.add_argument("--jsonl", required=True, metavar="ROWS", help="rows file, or - for stdin")
     args = p.parse_args(argv)
     try:
@@ -63,11 +67,8 @@ def main(argv=None) -> int:
     except (OSError, UnicodeDecodeError) as e:
         print(f"error: cannot read {args.jsonl}: {e}", file=sys.stderr)
         return 2
-    try:
-        for obj, s in zip(objects, seconds):
-            print(json.dumps({**obj, "ms": round(float(s) * 1e3, 6)}))
-    except BrokenPipeError:
-        sys.stderr.close()
+    for obj, s in zip(objects, seconds):
+        print(dumps_strict({**obj, "ms": round(float(s) * 1e3, 6)}))
     print(f"{len(rows)} rows priced with {ENGINES[args.engine].label} kernels on {hw.name} ({cal.origin})",
           file=sys.stderr)
     return 0

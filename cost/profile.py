@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .engine_kernels import EngineCalibration, parse_calibration
 from .engines import DEFAULT_ENGINE, ENGINES
+from .profile_schema import ProfileFile, ProfileSchemaError, validate_efficiency, validate_profile
 
 
 class ProfileError(ValueError):
@@ -136,49 +137,19 @@ def profiles_dir() -> Path:
     return Path(str(resources.files("hw_profiles")))
 
 
-def _require(data: dict, path: str, kind: type, where: str):
-    value = data
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise ProfileError(f"{where}: missing field '{path}'")
-        value = value[part]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or (kind is float and value <= 0):
-        raise ProfileError(f"{where}: field '{path}' must be a positive number" if kind is float
-                           else f"{where}: field '{path}' must be a {kind.__name__}")
-    return value
-
-
-def _rates(data: dict, name: str, where: str) -> dict[str, float]:
-    rates = _require(data, name, dict, where)
-    for dtype, value in rates.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ProfileError(f"{where}: field '{name}.{dtype}' must be a positive number")
-    return {k: float(v) for k, v in rates.items()}
-
-
-def _efficiency(data: dict, where: str, seen: tuple = ()) -> Efficiency:
-    eff = data.get("efficiency")
+def _efficiency(eff: dict | None, where: str, seen: tuple = ()) -> Efficiency:
     if eff is None or "from" in eff:
         base = (eff or {}).get("from", "h200")
         if base in seen:
             raise ProfileError(f"{where}: efficiency 'from' loops through {base}")
         parent = load_profile(base, seen + (base,))
         return Efficiency(**{**parent.efficiency.__dict__, "origin": f"carried over from the {parent.name} fit"})
-
-    def section(name, cls):
-        body = _require(eff, name, dict, where)
-        try:
-            return cls(**body)
-        except TypeError as e:
-            raise ProfileError(f"{where}: field 'efficiency.{name}': {e}") from None
-
-    return Efficiency(gemm=section("gemm", GemmEfficiency), grouped_gemm=section("grouped_gemm", GemmEfficiency),
-                      attention=section("attention", AttentionEfficiency),
-                      elementwise=section("elementwise", StreamEfficiency),
-                      communication=_require(eff, "communication", float, where),
-                      origin=eff.get("origin", "fitted"), eager_host_us=float(eff.get("eager_host_us", 25.0)))
+    e = validate_efficiency(eff, where)
+    return Efficiency(gemm=GemmEfficiency(**e.gemm.model_dump()),
+                      grouped_gemm=GemmEfficiency(**e.grouped_gemm.model_dump()),
+                      attention=AttentionEfficiency(**e.attention.model_dump()),
+                      elementwise=StreamEfficiency(**e.elementwise.model_dump()),
+                      communication=e.communication, origin=e.origin, eager_host_us=e.eager_host_us)
 
 
 def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
@@ -224,44 +195,28 @@ def _inherit(cal: EngineCalibration, parent: "HardwareProfile") -> EngineCalibra
 
 
 def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> HardwareProfile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{where}: a profile is a JSON object")
-    l2 = data.get("l2_cache_mb", 0.0)
-    if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not 0 <= l2 < 1e5:
-        raise ProfileError(f"{where}: field 'l2_cache_mb' must be a number of MB >= 0")
+    """A profile's JSON, validated against the schema (cost/profile_schema.py), as a HardwareProfile."""
+    try:
+        f = validate_profile(data, where)
+    except ProfileSchemaError as e:
+        raise ProfileError(str(e)) from None
     return HardwareProfile(
-        key=key, name=_require(data, "name", str, where), aliases=tuple(data.get("aliases", [])),
-        vendor=data.get("vendor", ""), compute_units=int(_require(data, "compute_units", int, where)),
-        matrix_tflops=_rates(data, "matrix_tflops", where), vector_tflops=_rates(data, "vector_tflops", where),
-        memory_bandwidth_gbps=_require(data, "memory.bandwidth_gbps", float, where),
-        memory_capacity_gb=_require(data, "memory.capacity_gb", float, where),
-        interconnect_name=data.get("interconnect", {}).get("name", ""),
-        interconnect_bandwidth_gbps=_require(data, "interconnect.bandwidth_gbps", float, where),
-        interconnect_latency_us=_require(data, "interconnect.latency_us", float, where),
-        host_link_name=data.get("host_link", {}).get("name", ""),
-        host_link_bandwidth_gbps=_require(data, "host_link.bandwidth_gbps", float, where),
-        kernel_launch_us=_require(data, "kernel_launch_us", float, where),
-        efficiency=_efficiency(data, where, seen), sources=data.get("sources", {}), path=where,
-        l2_cache_mb=float(l2), engines_data=data.get("engines", {}), **_scale_out(data, where))
+        key=key, name=f.name, aliases=tuple(f.aliases), vendor=f.vendor, compute_units=f.compute_units,
+        matrix_tflops=dict(f.matrix_tflops), vector_tflops=dict(f.vector_tflops),
+        memory_bandwidth_gbps=f.memory.bandwidth_gbps, memory_capacity_gb=f.memory.capacity_gb,
+        interconnect_name=f.interconnect.name, interconnect_bandwidth_gbps=f.interconnect.bandwidth_gbps,
+        interconnect_latency_us=f.interconnect.latency_us, host_link_name=f.host_link.name,
+        host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,
+        efficiency=_efficiency(f.efficiency, where, seen), sources=dict(f.sources), path=where,
+        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, **_scale_out(f))
 
 
-def _scale_out(data: dict, where: str) -> dict:
+def _scale_out(f: ProfileFile) -> dict:
     """The optional `scale_out` section: how nodes are joined, per GPU."""
-    raw = data.get("scale_out")
-    if raw is None:
+    if f.scale_out is None:
         return {}
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{where}: 'scale_out' must be an object with gpus_per_node, bandwidth_gbps, latency_us")
-    out = {"scale_out_name": str(raw.get("name", ""))}
-    for key, field_name, kind in (("gpus_per_node", "gpus_per_node", int),
-                                  ("bandwidth_gbps", "scale_out_bandwidth_gbps", float),
-                                  ("latency_us", "scale_out_latency_us", float)):
-        value = raw.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6 or \
-                (kind is int and value != int(value)):
-            raise ProfileError(f"{where}: field 'scale_out.{key}' must be a positive {kind.__name__}")
-        out[field_name] = kind(value)
-    return out
+    return {"scale_out_name": f.scale_out.name, "gpus_per_node": f.scale_out.gpus_per_node,
+            "scale_out_bandwidth_gbps": f.scale_out.bandwidth_gbps, "scale_out_latency_us": f.scale_out.latency_us}
 
 
 def _bundled_keys() -> dict[str, str]:
@@ -270,10 +225,10 @@ def _bundled_keys() -> dict[str, str]:
     for path in sorted(profiles_dir().glob("*.json")):
         keys[path.stem.lower()] = path.stem
         try:
-            for alias in json.loads(path.read_text()).get("aliases", []):
+            for alias in json.loads(path.read_text(encoding="utf-8")).get("aliases", []):
                 keys[alias.lower()] = path.stem
-        except json.JSONDecodeError:
-            continue
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue   # a broken bundled profile is reported when it is loaded by name
     return keys
 
 
@@ -303,7 +258,11 @@ def load_profile(device: str, seen: tuple = ()) -> HardwareProfile:
         path = profiles_dir() / f"{key}.json"
         where = f"hw_profiles/{key}.json"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ProfileError(f"{where}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{where}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ProfileError(f"{where}: not valid JSON ({e})") from None
     profile = parse_profile(data, key, where, seen)

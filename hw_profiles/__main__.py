@@ -1,11 +1,11 @@
 """python -m hw_profiles [NAME|PATH] [--json]: list the hardware profiles, or show one with its sources."""
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 from cost.profile import ProfileError, load_profile, profile_names
+from tracer.__main__ import ArgumentParser
+from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.table import format_table
 
 
@@ -26,18 +26,23 @@ def _engine_summary(hw) -> str:
     return origin.replace("carried over from the ", "from ").replace(" fit", "")
 
 
+@quiet_broken_pipe
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hw_profiles", description=__doc__)
+    p = ArgumentParser(prog="python -m hw_profiles", description=__doc__)
     p.add_argument("device", nargs="?", help="show one profile (name, alias or .json path)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON list of the profiles on stdout")
     args = p.parse_args(argv)
     try:
-        profiles = [load_profile(args.device)] if args.device else [load_profile(n) for n in profile_names()]
-    except ProfileError as e:
+        return show(args)
+    except ProfileError as e:   # also a fitted engine section out of its range, found when first read
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def show(args) -> int:
+    profiles = [load_profile(args.device)] if args.device else [load_profile(n) for n in profile_names()]
     if args.json:
-        print(json.dumps([{
+        print(dumps_strict([{
             "key": hw.key, "name": hw.name, "aliases": list(hw.aliases), "matrix_tflops": hw.matrix_tflops,
             "vector_tflops": hw.vector_tflops, "memory_bandwidth_gbps": hw.memory_bandwidth_gbps,
             "memory_capacity_gb": hw.memory_capacity_gb, "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,

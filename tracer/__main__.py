@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 
+from .cli_io import dumps_strict, quiet_broken_pipe
 from .model_source import ModelError, ModelSpec, bundled_models, resolve_model
 from .table import format_table, human
 from .work import OP_CLASSES, Request, Trace, TraceOptions
@@ -42,8 +42,8 @@ def model_spec(args) -> ModelSpec:
 
 
 def trace_options(args) -> TraceOptions:
-    if args.moe_imbalance < 1.0:
-        raise ValueError("--moe-imbalance must be >= 1.0")
+    if not 1.0 <= args.moe_imbalance <= 1e3:   # also NaN
+        raise ValueError(f"--moe-imbalance must be in [1, 1000], got {args.moe_imbalance}")
     mla_form = args.mla_form
     if mla_form == "auto":  # eager execution means HF's own code path
         mla_form = "hf" if getattr(args, "execution", "engine") == "eager" else "absorbed"
@@ -111,11 +111,12 @@ def list_models() -> str:
                         [[m.name, m.family, m.source] for m in bundled_models().values()])
 
 
+@quiet_broken_pipe
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m tracer", description=__doc__)
     p.add_argument("model", nargs="?", help="bundled name, folder or config.json path, or Hugging Face Hub id")
     p.add_argument("--list", action="store_true", help="list the bundled models")
-    p.add_argument("--num-queries", "-b", type=int, default=1)
+    p.add_argument("--num-queries", "-b", type=int, default=1, help="sequences in the batch (default 1)")
     p.add_argument("--query-length", "-q", type=int, default=None, help="new tokens per sequence (default 2048)")
     p.add_argument("--context-length", "-c", type=int, default=0, help="tokens already in the KV cache")
     p.add_argument("--decode", action="store_true", help="one decode step (query length 1)")
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
             if args.crosscheck:
                 from .formulas import model_flops
                 out["formula_flops_by_class"] = model_flops(spec.config, request, args.mla_form)
-            print(json.dumps(out, indent=1))
+            print(dumps_strict(out, indent=1))
         else:
             print(render(t))
             if args.crosscheck:

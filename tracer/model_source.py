@@ -44,6 +44,8 @@ def _read_config(path: Path, name: str, origin: str) -> ModelSpec:
         raise ModelError(f"cannot read model config {path}: {e}") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise ModelError(f"{path} is not a Hugging Face config.json (no 'model_type')")
+    from .config_checks import check_model_config   # counts, sizes, divisibility: before anything is built
+    check_model_config(config, str(path))
     return ModelSpec(name=name, config=config, origin=origin, folder=str(path.parent))
 
 

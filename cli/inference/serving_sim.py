@@ -8,8 +8,8 @@
 """
 from __future__ import annotations
 
-import json
 import os
+from argparse import ArgumentTypeError
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -23,17 +23,19 @@ from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
 from serving.simulator import ServerConfig, StepCost, simulate
-from serving.traces import load_jsonl, load_mooncake
+from serving.traces import MAX_ARRIVAL_S, load_jsonl, load_mooncake
 from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, preset
 from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, model_spec, positive_int, run_main,
-                      trace_options, warn)
+from ..common import (MAX_REQUESTS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser, Layout, add_device_arguments,
+                      add_model_arguments, check_layout_or_fail, check_plot_path, dumps_strict, finite_float,
+                      model_spec, positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
 from .memory import kv_heads
 
+MAX_CACHE_GB = 1e6   # a petabyte of KV cache per instance: beyond any machine
 
 
 def server_config(args, spec, hw, options) -> ServerConfig:
@@ -61,8 +63,8 @@ def _positive_gb(text: str, flag: str) -> float:
         gb = float(text)
     except ValueError:
         raise ValueError(f"{flag} must be a number of GB or auto, got '{text}'") from None
-    if not gb > 0 or gb != gb or gb == float("inf"):
-        raise ValueError(f"{flag} must be > 0, got {text}")
+    if not 0 < gb <= MAX_CACHE_GB:
+        raise ValueError(f"{flag} must be in (0, {MAX_CACHE_GB:g}], got {text}")
     return gb
 
 
@@ -75,6 +77,7 @@ def _blocks(gb: float, block_bytes: float) -> int:
 
 def load_workload(args):
     if args.workload in PRESETS:
+        MAX_REQUESTS.check(args.num_requests, "--num-requests")
         sizes = PresetSizes(system_tokens=args.system_tokens, user_tokens=args.user_tokens,
                             output_tokens=args.output_tokens, turns=args.turns, documents=args.documents,
                             document_tokens=args.document_tokens, question_tokens=args.question_tokens,
@@ -90,7 +93,25 @@ def load_workload(args):
     if args.time_scale != 1.0:
         for r in requests:
             r.arrival_s *= args.time_scale
+    MAX_REQUESTS.check(len(requests), f"{args.workload}: requests")
+    last = max(r.arrival_s for r in requests)
+    if not last <= MAX_ARRIVAL_S:   # also NaN
+        raise WorkloadError(f"{args.workload}: arrivals reach {last:.3g} s, beyond {MAX_ARRIVAL_S:.0e} s (about 116 "
+                            f"days), where step times vanish in the clock's precision (lower --time-scale or raise "
+                            f"--request-rate)")
     return requests
+
+
+def check_work(args, requests) -> None:
+    """Refuse a simulation whose estimated size is beyond the limits, before any step is simulated."""
+    prompt = sum(r.prompt_tokens for r in requests)
+    output = sum(r.output_tokens for r in requests)
+    MAX_SIM_TOKENS.check(prompt + output, "the workload's tokens (prompt + output)")
+    # lower bound of the engine steps: every prompt token within the step budget, decode tokens per step at
+    # most min(budget, running requests); prefix hits shorten prefill, so this may overestimate prefill
+    decode_width = max(1, min(args.max_prefill_tokens, args.max_running, len(requests)))
+    steps = prompt / args.max_prefill_tokens + output / decode_width
+    MAX_SIM_STEPS.check(steps, f"the estimated engine steps (--max-prefill-tokens {args.max_prefill_tokens})")
 
 
 def _runs(args, config: ServerConfig) -> dict[str, ServerConfig]:
@@ -121,7 +142,11 @@ def run(args) -> dict:
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
+    check_plot_path(args.plot)
     requests = load_workload(args)
+    check_work(args, requests)
+    report = check_layout_or_fail(spec.config, spec.name, Layout(tp=args.tp_size),
+                                  max(r.prompt_tokens + r.output_tokens for r in requests), args.moe_imbalance)
     config = server_config(args, spec, hw, options)
     cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine)
     runs = _runs(args, config)
@@ -141,7 +166,7 @@ def run(args) -> dict:
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
-           "load": _load_label(args), "runs": {k: results[k] for k in runs}}
+           "load": _load_label(args), "runs": {k: results[k] for k in runs}, "warnings": list(report.warnings)}
     if args.sweep_gpu_cache_gb:
         out["sweep"] = [{"gpu_cache_gb": gb, "hit_rate": r["hit_rate"], "ttft_ms_p50": r["ttft_ms"]["p50"],
                          "evicted_blocks": r["evictions"]["blocks"], "preemptions": r["preemptions"]["count"]}
@@ -264,7 +289,7 @@ def write_plot(out: dict, path: str) -> None:
 
 def body(args) -> int:
     out = run(args)
-    print(json.dumps(out, indent=1) if args.json else render(out))
+    print(dumps_strict(out, indent=1) if args.json else render(out))
     if args.plot:
         write_plot(out, args.plot)
     return 0
@@ -275,74 +300,92 @@ def _gb_list(text: str) -> list[float]:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--sweep-gpu-cache-gb takes GB values separated by commas, got '{text}'") from None
-    if not values or any(not (v > 0 and v != float("inf")) for v in values):
-        raise ValueError(f"--sweep-gpu-cache-gb values must be > 0, got '{text}'")
+    if not values or any(not 0 < v <= MAX_CACHE_GB for v in values):
+        raise ValueError(f"--sweep-gpu-cache-gb values must be in (0, {MAX_CACHE_GB:g}], got '{text}'")
+    if len(values) > 64:
+        raise ValueError(f"--sweep-gpu-cache-gb takes at most 64 sizes, got {len(values)}")
     return values
 
 
+def bounded_int(high: int):
+    """argparse type: an integer in [1, high]."""
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > high:
+            raise ArgumentTypeError(f"must be <= {high:,}, got {text}")
+        return value
+    return parse
+
+
+@quiet_broken_pipe
 def main(argv=None) -> int:
     p = ArgumentParser(prog="serving-sim", description=__doc__.split("\n")[0])
-    p.add_argument("model")
+    p.add_argument("model", help="bundled model name, folder or config.json path, or HF id in the local cache")
     add_device_arguments(p)
-    p.add_argument("--tp-size", type=positive_int, default=1)
+    p.add_argument("--tp-size", type=positive_int, default=1, help="tensor-parallel degree per instance (default 1)")
     p.add_argument("--workload", required=True,
                    help=f"a preset ({', '.join(PRESETS)}), a JSONL trace file, or mooncake:FILE (a Mooncake trace)")
-    p.add_argument("--num-requests", type=positive_int, default=200, help="requests of a preset (default 200)")
-    p.add_argument("--request-rate", type=float, default=None,
+    p.add_argument("--num-requests", type=positive_int, default=200,
+                   help=f"requests of a preset (default 200; at most {MAX_REQUESTS.default:,}, raised with "
+                        f"{MAX_REQUESTS.env})")
+    p.add_argument("--request-rate", type=finite_float(0.0, 1e9, low_open=True), default=None,
                    help="open loop: a preset's arrivals per second (default: all at once, maximum throughput)")
     p.add_argument("--arrival", default="poisson", choices=ARRIVALS,
                    help="open-loop arrivals: poisson (default) or constant (evenly spaced)")
     p.add_argument("--concurrency", type=positive_int, default=None,
                    help="closed loop: this many users, each sending its next request when answered")
-    p.add_argument("--time-scale", type=float, default=1.0,
+    p.add_argument("--time-scale", type=finite_float(0.0, 1e6, low_open=True), default=1.0,
                    help="multiply every arrival time by X: 0.5 replays a trace twice as fast (default 1)")
-    p.add_argument("--mooncake-block-tokens", type=positive_int, default=512,
+    p.add_argument("--mooncake-block-tokens", type=bounded_int(1 << 20), default=512,
                    help="tokens per Mooncake hash id (512 in the FAST'25 release)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="seed of a preset's random choices and arrivals (default 0)")
+    p.add_argument("--block-size", type=bounded_int(1 << 16), default=16,
+                   help="tokens per KV block; prefix hits count in whole blocks (default 16)")
     p.add_argument("--cache-policy", default="vllm", choices=list(CACHE_POLICIES),
                    help="whose prefix-cache rules: vllm (paged blocks, default) or sglang (token radix tree)")
     p.add_argument("--gpu-cache-gb", default="auto", help="KV cache size per GPU instance, or auto (memory left "
                                                           "after weights and activations, at 90%% utilization)")
     p.add_argument("--sweep-gpu-cache-gb", type=str, default=None, metavar="GB,GB,...",
                    help="one run per GPU cache size: hit rate vs capacity (table; --plot draws it)")
-    p.add_argument("--cpu-cache-gb", type=float, default=0.0,
+    p.add_argument("--cpu-cache-gb", type=finite_float(0.0, MAX_CACHE_GB), default=0.0,
                    help="CPU global prefix pool shared by all instances, written through at prefill end (default 0)")
-    p.add_argument("--instances", type=positive_int, default=1, help="data-parallel engine instances (default 1)")
+    p.add_argument("--instances", type=bounded_int(4096), default=1, help="data-parallel engine instances (default 1)")
     p.add_argument("--routing", default="round-robin", choices=list(ROUTERS),
                    help="how requests pick an instance (default round-robin)")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
-                   help="tokens per step, decode tokens included (max_num_batched_tokens; default: the engine's)")
+                   help="tokens per step, decode tokens included (max_num_batched_tokens; default: the engine's). "
+                        f"A run of more than {MAX_SIM_STEPS.default:,} estimated steps is refused (raise with "
+                        f"{MAX_SIM_STEPS.env})")
     p.add_argument("--max-running", type=positive_int, default=None,
                    help="requests running at once (max_num_seqs; default: the engine's)")
     p.add_argument("--compare", action="store_true", help="no prefix cache vs GPU cache vs GPU + CPU tier")
-    p.add_argument("--hit-window-s", type=float, default=None,
+    p.add_argument("--hit-window-s", type=finite_float(0.0, MAX_ARRIVAL_S, low_open=True), default=None,
                    help="window of the hit rate over time (default: the run's span / 40)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw hit rate and TTFT over time (with a sweep: hit rate vs GPU cache size)")
-    p.add_argument("--jobs", type=positive_int, default=2, help="runs simulated in parallel processes (default 2)")
-    p.add_argument("--json", action="store_true")
-    sizes = p.add_argument_group("preset sizes")
-    sizes.add_argument("--system-tokens", type=positive_int, default=2048)
-    sizes.add_argument("--user-tokens", type=positive_int, default=64)
-    sizes.add_argument("--output-tokens", type=positive_int, default=128)
-    sizes.add_argument("--turns", type=positive_int, default=4)
-    sizes.add_argument("--documents", type=positive_int, default=4)
-    sizes.add_argument("--document-tokens", type=positive_int, default=8192)
-    sizes.add_argument("--question-tokens", type=positive_int, default=32)
-    sizes.add_argument("--input-tokens", type=positive_int, default=512, help="the random preset's prompt length")
+    p.add_argument("--jobs", type=bounded_int(64), default=2, help="runs simulated in parallel processes (default 2)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    sizes = p.add_argument_group("preset sizes", f"token counts of the presets' segments (the whole workload at "
+                                                 f"most {MAX_SIM_TOKENS.default:,} tokens, raised with "
+                                                 f"{MAX_SIM_TOKENS.env})")
+    token_count = bounded_int(10**8)
+    sizes.add_argument("--system-tokens", type=token_count, default=2048,
+                       help="shared system prompt (shared-system-prompt, timestamp-first, multi-turn-chat; "
+                            "default 2048)")
+    sizes.add_argument("--user-tokens", type=token_count, default=64, help="each user message (default 64)")
+    sizes.add_argument("--output-tokens", type=token_count, default=128, help="each answer (default 128)")
+    sizes.add_argument("--turns", type=token_count, default=4, help="multi-turn-chat: turns per session (default 4)")
+    sizes.add_argument("--documents", type=token_count, default=4, help="document-qa: distinct documents (default 4)")
+    sizes.add_argument("--document-tokens", type=token_count, default=8192,
+                       help="document-qa: tokens per document (default 8192)")
+    sizes.add_argument("--question-tokens", type=token_count, default=32,
+                       help="document-qa: each question (default 32)")
+    sizes.add_argument("--input-tokens", type=token_count, default=512, help="the random preset's prompt length "
+                                                                            "(default 512)")
     add_model_arguments(p)
     args = p.parse_args(argv)
-    if args.request_rate is not None and not (args.request_rate > 0 and args.request_rate != float("inf")):
-        p.error("--request-rate must be a finite number > 0")
     if args.concurrency and args.request_rate:
         p.error("--concurrency (closed loop) and --request-rate (open loop) do not combine")
-    if not (args.time_scale > 0 and args.time_scale != float("inf")):
-        p.error("--time-scale must be > 0")
-    if args.cpu_cache_gb < 0 or args.cpu_cache_gb != args.cpu_cache_gb:
-        p.error("--cpu-cache-gb must be >= 0")
-    if args.hit_window_s is not None and not args.hit_window_s > 0:
-        p.error("--hit-window-s must be > 0")
     if args.sweep_gpu_cache_gb is not None:
         try:
             args.sweep_gpu_cache_gb = _gb_list(args.sweep_gpu_cache_gb)

@@ -5,8 +5,13 @@ every decode path takes the original lengths, untouched by the prefix cache.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from tracer.work import Request
 
@@ -82,19 +87,45 @@ class ServingShapes:
         return self.input_length + self.output_length
 
 
+MAX_HIT_RATES = 10**7
+_HIT_RATES = TypeAdapter(list[Annotated[float, Field(strict=True, ge=0.0, lt=1.0, allow_inf_nan=False)]])
+
+
 def load_hit_rate_distribution(path: str, bins: int = 8) -> list[tuple[float, float]]:
     """Per-request hit rates (a JSON list, or one number per line) as at most `bins` (rate, weight) pairs."""
-    from pathlib import Path
-    import json
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise InputError(f"cannot read hit-rate distribution {path}: {e}") from None
+        raise InputError(f"cannot read hit-rate distribution {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    if text.lstrip().startswith("["):
+        try:
+            rates = json.loads(text)
+        except ValueError as e:
+            raise InputError(f"{path}: not a JSON list ({e})") from None
+        where = "entry"
+    else:
+        rates, lines = [], [line.strip() for line in text.splitlines()]
+        for n, line in enumerate(lines, 1):
+            if not line:
+                continue
+            try:
+                rates.append(float(line))
+            except ValueError:
+                raise InputError(f"{path}:{n}: a hit rate is a number in [0, 1), got '{line[:40]}'") from None
+        where = "line"
+    if isinstance(rates, list) and len(rates) > MAX_HIT_RATES:
+        raise InputError(f"{path}: more than {MAX_HIT_RATES:,} hit rates; bin them first")
     try:
-        rates = json.loads(text) if text.lstrip().startswith("[") else [float(x) for x in text.split()]
-        rates = [check_hit_rate(float(r)) for r in rates]
-    except (ValueError, TypeError) as e:
-        raise InputError(f"{path}: hit rates must be numbers in [0, 1) ({e})") from None
+        rates = _HIT_RATES.validate_python(rates)
+    except ValidationError as e:
+        err = e.errors()[0]
+        index = err["loc"][0] if err["loc"] else None
+        at = "" if index is None else (f":{_line_of(text, index)}" if where == "line" else f": entry {index}")
+        msg = err["msg"].replace("Input should be ", "must be ")
+        raise InputError(f"{path}{at}: hit rates must be numbers in [0, 1): {msg} (got {err.get('input')!r:.40})") \
+            from None
     if not rates:
         raise InputError(f"{path}: no hit rates")
     lo, hi = min(rates), max(rates)
@@ -103,3 +134,14 @@ def load_hit_rate_distribution(path: str, bins: int = 8) -> list[tuple[float, fl
     for r in rates:
         groups.setdefault(min(bins - 1, int((r - lo) / width)), []).append(r)
     return [(sum(g) / len(g), len(g) / len(rates)) for _, g in sorted(groups.items())]
+
+
+def _line_of(text: str, index: int) -> int:
+    """The line number of the index-th non-empty line."""
+    seen = -1
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            seen += 1
+            if seen == index:
+                return n
+    return 0

@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 
@@ -17,10 +16,11 @@ from tracer.table import format_table, human
 from tracer.trace import trace
 from tracer.work import Trace
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, model_spec, positive_int,
-                      run_main, trace_options, warn)
+from ..common import (MAX_BATCH_TOKENS, MAX_SWEEP, MAX_TOKENS, ArgumentParser, Layout, add_device_arguments,
+                      add_model_arguments, check_layout_or_fail, check_plot_path, dumps_strict, hit_rate, model_spec,
+                      positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
-from .config import RequestInfo, UserInputConfig
+from .config import InputError, RequestInfo, UserInputConfig
 from .memory import MemoryEstimate, estimate_memory
 
 MEMORY_NOTE = ("KV memory covers the request's seq_len; resident prefix-cache memory beyond it is not modelled "
@@ -143,7 +143,8 @@ def sweep(args, spec: ModelSpec, options, rates: list[float]) -> int:
              "effective_query_length": r.info.query_len, "ttft_ms": r.estimate.latency_s * 1e3,
              "prefill_tokens_per_s": r.throughput, "speedup": base / r.estimate.latency_s} for r in results]
     if args.json:
-        print(json.dumps({"model": results[0].model, "device": results[0].hw.name, "sweep": rows}, indent=1))
+        print(dumps_strict({"model": results[0].model, "device": results[0].hw.name, "sweep": rows,
+                            "warnings": list(args.layout_warnings)}, indent=1))
     else:
         print(format_table(["hit rate", "cached tokens", "computed tokens", "TTFT ms", "prefill tokens/s", "speedup"],
                            [[f"{x['prefix_cache_hit_rate']:g}", x["cached_tokens"], x["effective_query_length"],
@@ -166,14 +167,32 @@ def sweep(args, spec: ModelSpec, options, rates: list[float]) -> int:
         ax.set_title(f"{results[0].model} on {results[0].hw.name}")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        fig.savefig(args.plot)
+        try:
+            fig.savefig(args.plot)
+        except (OSError, ValueError) as e:   # ValueError: an extension matplotlib cannot write
+            raise InputError(f"--plot {args.plot}: {e}") from None
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 
+def check_work(args) -> None:
+    """Bounded work, before the model is fetched or traced."""
+    MAX_TOKENS.check(args.context_length + args.query_length, "--context-length + --query-length")
+    MAX_BATCH_TOKENS.check(args.num_queries * (args.query_length + (args.context_length if args.decode else 0)),
+                           "--num-queries x tokens per sequence")
+    if args.sweep_prefix_cache_hit_rate is not None:
+        MAX_SWEEP.check(len(args.sweep_prefix_cache_hit_rate), "--sweep-prefix-cache-hit-rate points")
+    if args.plot is not None and args.sweep_prefix_cache_hit_rate is None:
+        raise InputError("--plot draws the hit-rate sweep: add --sweep-prefix-cache-hit-rate R1,R2,...")
+    check_plot_path(args.plot)
+
+
 def body(args) -> int:
     options = trace_options(args)
+    check_work(args)
     spec = model_spec(args)   # resolved (for a Hub id: fetched) once for every prediction below
+    args.layout_warnings = check_layout_or_fail(spec.config, spec.name, Layout(tp=args.tp_size, ep=args.ep_size),
+                                                args.context_length + args.query_length, args.moe_imbalance).warnings
     if args.sweep_prefix_cache_hit_rate is not None:
         if args.decode:
             raise ValueError("--sweep-prefix-cache-hit-rate is for prefill, not --decode")
@@ -184,7 +203,10 @@ def body(args) -> int:
     config = UserInputConfig(args.num_queries, query, args.context_length, args.decode, args.prefix_cache_hit_rate)
     result = predict(spec, args.device, config, args.tp_size, args.ep_size, args.execution, options,
                      args.engine, args.ep_style)
-    print(json.dumps(result.as_json(), indent=1) if args.json else render(result))
+    if args.json:
+        print(dumps_strict({**result.as_json(), "warnings": list(args.layout_warnings)}, indent=1))
+    else:
+        print(render(result))   # the layout's warnings went to stderr
     return 0
 
 
@@ -195,6 +217,7 @@ def rate_list(text: str) -> list[float]:
     return rates
 
 
+@quiet_broken_pipe
 def main(argv=None) -> int:
     p = ArgumentParser(prog="text-generate", description=__doc__.split("\n")[0])
     p.add_argument("model", help="bundled model name, folder or config.json path, or Hugging Face Hub id")
@@ -202,12 +225,15 @@ def main(argv=None) -> int:
     p.add_argument("--num-queries", "-b", type=positive_int, default=1, help="sequences in the batch (default 1)")
     p.add_argument("--query-length", "-q", type=positive_int, default=None,
                    help="new tokens per sequence (default 2048 prefill, 1 decode)")
-    p.add_argument("--context-length", "-c", type=int, default=0, help="tokens already in the KV cache (default 0)")
+    p.add_argument("--context-length", "-c", type=int, default=0,
+                   help=f"tokens already in the KV cache (default 0; context + query at most {MAX_TOKENS.default:,}, "
+                        f"raised with {MAX_TOKENS.env})")
     p.add_argument("--decode", action="store_true", help="one decode step over the context")
     p.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
                    help="fraction of query tokens found in the prefix cache, in [0, 1) (default 0.0)")
     p.add_argument("--sweep-prefix-cache-hit-rate", type=rate_list, default=None, metavar="R1,R2,...",
-                   help="prefill TTFT for each hit rate, with the speedup over rate 0")
+                   help=f"prefill TTFT for each hit rate, with the speedup over rate 0 (at most "
+                        f"{MAX_SWEEP.default} rates, raised with {MAX_SWEEP.env})")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="with the sweep: draw TTFT vs hit rate")
     p.add_argument("--tp-size", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--ep-size", type=positive_int, default=1, help="expert-parallel degree for MoE (default 1)")

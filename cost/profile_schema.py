@@ -1,0 +1,193 @@
+"""The schema of a hardware profile file (hw_profiles/*.json): types, finite numbers, physical ranges.
+
+pydantic v2 models, one per section; unknown fields are errors. `validate_profile(data, where)` returns the
+validated `ProfileFile` or raises ProfileSchemaError whose message names the file, the field and the rule,
+e.g. "hw_profiles/x.json: field 'efficiency.gemm.compute': must be <= 1 (got 1.5)".
+
+The `engines` section is checked for its shape here ({"from": PROFILE}, or engine -> {"from": PROFILE} or
+fitted parameter sets); the fitted numbers are checked by the parameter sets' own bounds
+(cost/engine_kernels/params.py) when the engine is first used.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+
+from .engines import ENGINES
+
+
+class ProfileSchemaError(ValueError):
+    """A profile that breaks the schema."""
+
+
+def _finite(low: float | None = None, high: float | None = None, *, gt: float | None = None):
+    return Annotated[float, Field(strict=True, allow_inf_nan=False, ge=low, le=high, gt=gt)]
+
+
+Fraction = _finite(high=1.0, gt=0.0)                 # efficiencies: a share of a peak, in (0, 1]
+Microseconds = _finite(0.0, 1e6)                     # fixed latencies, >= 0
+PositiveMicroseconds = _finite(high=1e6, gt=0.0)
+Tflops = _finite(1e-6, 1e6)                          # ranges keep every derived time finite
+GBps = _finite(1e-6, 1e7)
+Tile = Annotated[int, Field(strict=True, ge=1, le=4096)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Memory(_Section):
+    bandwidth_gbps: GBps
+    capacity_gb: _finite(1e-3, 1e6)
+
+
+class Link(_Section):
+    name: StrictStr = ""
+    bandwidth_gbps: GBps
+    latency_us: PositiveMicroseconds
+
+
+class ScaleOut(_Section):
+    """The network between nodes, per GPU and direction."""
+    name: StrictStr = ""
+    gpus_per_node: Annotated[int, Field(strict=True, ge=1, le=10**5)]
+    bandwidth_gbps: GBps
+    latency_us: PositiveMicroseconds
+
+
+class HostLink(_Section):
+    name: StrictStr = ""
+    bandwidth_gbps: GBps
+
+
+class GemmEfficiencySchema(_Section):
+    compute: Fraction
+    memory: Fraction
+    fixed_us: Microseconds
+    tile_m: Tile = 128
+    tile_n: Tile = 256
+    smoothness: _finite(1.0, 64.0) = 3.0
+    per_group_us: Microseconds = 0.0
+
+
+class AttentionEfficiencySchema(_Section):
+    compute: Fraction
+    masked_compute: Fraction
+    memory: Fraction
+    fixed_us: Microseconds
+    tile_q: Tile = 128
+    tile_k: Tile = 128
+    softmax_ops: _finite(0.0, 1e3) = 0.0
+    masked_tile_q: Tile = 128
+    masked_tile_k: Tile = 128
+
+
+class StreamEfficiencySchema(_Section):
+    memory: Fraction
+    fixed_us: Microseconds
+    broadcast_memory: Fraction = 0.5
+
+
+class EfficiencySchema(_Section):
+    origin: StrictStr = "fitted"
+    gemm: GemmEfficiencySchema
+    grouped_gemm: GemmEfficiencySchema
+    attention: AttentionEfficiencySchema
+    elementwise: StreamEfficiencySchema
+    communication: Fraction
+    eager_host_us: Microseconds = 25.0
+
+
+class Inherited(_Section):
+    """{"from": PROFILE}: take the section from another profile."""
+    from_: StrictStr = Field(alias="from", min_length=1)
+
+
+class ProfileFile(_Section):
+    name: StrictStr = Field(min_length=1)
+    aliases: list[StrictStr] = []
+    vendor: StrictStr = ""
+    compute_units: Annotated[int, Field(strict=True, ge=1, le=10**6)]
+    matrix_tflops: dict[StrictStr, Tflops] = Field(min_length=1)
+    vector_tflops: dict[StrictStr, Tflops] = Field(min_length=1)
+    memory: Memory
+    l2_cache_mb: _finite(0.0, 1e5) = 0.0
+    interconnect: Link
+    scale_out: ScaleOut | None = None        # the network between nodes: interconnect's fields and gpus_per_node
+    host_link: HostLink
+    kernel_launch_us: PositiveMicroseconds
+    efficiency: dict[StrictStr, Any] | None = None     # Inherited or EfficiencySchema: checked in validate_profile
+    engines: dict[StrictStr, Any] = {}                  # shape checked in validate_profile
+    sources: dict[StrictStr, StrictStr] = {}
+
+    @field_validator("vector_tflops")
+    @classmethod
+    def _fp32_vector(cls, rates: dict) -> dict:
+        if "fp32" not in rates:   # the fallback rate of every vector op
+            raise ValueError("must include fp32")
+        return rates
+
+
+def validation_message(e: ValidationError, where: str, prefix: str = "") -> str:
+    err = e.errors()[0]
+    loc = ".".join([*(prefix.split(".") if prefix else []), *(str(p) for p in err["loc"])])
+    msg = re.sub(r"a valid dictionary( or instance of \w+)?", "an object", err["msg"])
+    for old, new in (("Input should be ", "must be "), ("Value error, ", ""),
+                     ("Extra inputs are not permitted", "unknown field"),
+                     ("Field required", "missing")):
+        msg = msg.replace(old, new)
+    got = "" if err["type"] in ("missing", "extra_forbidden") or not err["loc"] else f" (got {err.get('input')!r})"
+    if len(got) > 80:
+        got = f" (got a {type(err.get('input')).__name__})"
+    return f"{where}: field '{loc}': {msg}{got}" if loc else f"{where}: {msg}{got}"
+
+
+def _validate(model: type[BaseModel], data, where: str, prefix: str = ""):
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ProfileSchemaError(validation_message(e, where, prefix)) from None
+
+
+def validate_efficiency(data, where: str) -> Inherited | EfficiencySchema:
+    if isinstance(data, dict) and "from" in data:
+        return _validate(Inherited, data, where, "efficiency")
+    return _validate(EfficiencySchema, data, where, "efficiency")
+
+
+def validate_engines(data, where: str) -> None:
+    """The engines section's shape; the parameter values are the parameter sets' to check."""
+    if not isinstance(data, dict):
+        raise ProfileSchemaError(f"{where}: field 'engines': must be an object")
+    if "from" in data:
+        _validate(Inherited, data, where, "engines")
+        return
+    for name, body in data.items():
+        if name not in ENGINES:
+            raise ProfileSchemaError(f"{where}: field 'engines.{name}': unknown engine (choose from "
+                                     f"{', '.join(ENGINES)})")
+        if not isinstance(body, dict):
+            raise ProfileSchemaError(f"{where}: field 'engines.{name}': must be an object")
+        if "from" in body:
+            _validate(Inherited, body, where, f"engines.{name}")
+        else:
+            for section, value in body.items():
+                if section != "origin" and not isinstance(value, dict):
+                    raise ProfileSchemaError(f"{where}: field 'engines.{name}.{section}': must be an object")
+
+
+def validate_profile(data, where: str) -> ProfileFile:
+    if not isinstance(data, dict):
+        raise ProfileSchemaError(f"{where}: a profile is a JSON object")
+    profile = _validate(ProfileFile, data, where)
+    if profile.efficiency is not None:
+        validate_efficiency(profile.efficiency, where)
+    validate_engines(profile.engines, where)
+    return profile
+
+
+def profile_json_schema() -> dict:
+    """The JSON Schema of a profile file (for editors and documentation)."""
+    return ProfileFile.model_json_schema(by_alias=True)
