@@ -10,6 +10,7 @@ from .execution import ENGINE, Kernel, build_kernels
 from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, experts_time, gemm_time, stream_time
 from .parallel import all_reduce_seconds, all_to_all_seconds
 from .profile import HardwareProfile
+from .recurrent import state_time
 
 COMMUNICATION = "communication"
 BREAKDOWN_CLASSES = (GEMM, ATTENTION, COMMUNICATION, OTHER)
@@ -71,6 +72,8 @@ def price_kernel(k: Kernel, hw: HardwareProfile) -> KernelTime:
         return experts_time(k.flops, k.bytes, op.experts, op.dtype, hw)
     if op is not None and op.attention is not None:
         return attention_time(k.flops, k.bytes, op.attention, op.dtype, hw, masked=k.masked)
+    if op is not None and op.state is not None:  # SSM / linear-attention cores and short convolutions
+        return state_time(k.flops, k.bytes, op.state, op.dtype, hw)
     if k.op_class == GEMM:
         return gemm_time(k.flops, k.bytes, k.gemm, k.dtype, hw)
     return stream_time(k.flops, k.bytes, k.dtype, hw, broadcast=k.broadcast)

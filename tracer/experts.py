@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .recorder import active_recorder
-from .work import ExpertsWork, GemmShape
+from .work import GEMM, ExpertsWork, GemmShape
 
 IMPLEMENTATION_NAME = "tracecost"
 
@@ -51,30 +51,60 @@ class PendingExperts:
     recorded: bool = False
 
 
+def pending_experts(rec, tokens: int, top_k: int, num_experts: int, hidden_size: int, inter: int, gated: bool,
+                    act_bytes: int, weight_element: float) -> PendingExperts:
+    """The expected work of one routed-experts layer over `tokens` tokens, each sent to `top_k` experts."""
+    work = ExpertsWork(tokens=tokens, num_experts=num_experts, top_k=top_k, hidden_size=hidden_size,
+                       intermediate_size=inter, gated=gated,
+                       active_experts=expected_active_experts(tokens, num_experts, top_k), imbalance=rec.moe_imbalance)
+    pairs, up_width = tokens * top_k, work.up_width
+    weight_bytes = work.active_experts * expert_weight_elements(work) * weight_element
+    return PendingExperts(
+        work=work, flops=experts_flops(work),
+        # the grouped GEMMs read the tokens and the activated intermediate, and write both outputs
+        bytes_read=weight_bytes + pairs * (hidden_size + inter) * act_bytes,
+        bytes_written=pairs * (up_width + hidden_size) * act_bytes, weight_bytes=weight_bytes,
+        gemm=GemmShape(m=max(1, round(work.tokens_per_expert)), n=up_width + hidden_size, k=hidden_size,
+                       batch=max(1, round(work.active_experts))))
+
+
 def tracecost_experts(self, hidden_states, top_k_index, top_k_weights):
     from transformers.integrations.moe import grouped_mm_experts_forward
     rec = active_recorder()
     if rec is None:
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
-    tokens, top_k = hidden_states.shape[0], top_k_index.shape[-1]
     num_experts, hidden_size, inter, gated = _dims(self)
-    work = ExpertsWork(tokens=tokens, num_experts=num_experts, top_k=top_k, hidden_size=hidden_size,
-                       intermediate_size=inter, gated=gated,
-                       active_experts=expected_active_experts(tokens, num_experts, top_k), imbalance=rec.moe_imbalance)
-    pairs, act = tokens * top_k, hidden_states.element_size()
-    up_width = work.up_width
-    weight_bytes = work.active_experts * expert_weight_elements(work) * self.down_proj.element_size()
-    rec.pending_experts = PendingExperts(
-        work=work, flops=experts_flops(work),
-        # the grouped GEMMs read the tokens and the activated intermediate, and write both outputs
-        bytes_read=weight_bytes + pairs * (hidden_size + inter) * act,
-        bytes_written=pairs * (up_width + hidden_size) * act, weight_bytes=weight_bytes,
-        gemm=GemmShape(m=max(1, round(work.tokens_per_expert)), n=up_width + hidden_size, k=hidden_size,
-                       batch=max(1, round(work.active_experts))))
+    rec.pending_experts = pending_experts(rec, hidden_states.shape[0], top_k_index.shape[-1], num_experts, hidden_size,
+                                          inter, gated, hidden_states.element_size(), self.down_proj.element_size())
     try:
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     finally:
         rec.pending_experts = None
+
+
+def routed_llama4_moe(self, hidden_states):
+    """Llama-4's MoE as a serving engine runs it: each token through its top-k experts (HF's eager path multiplies
+    every token by every expert), plus the shared expert."""
+    import torch
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_scores, router_logits = self.router(hidden_states)
+    experts = self.experts
+    out = hidden_states.new_empty(hidden_states.shape)
+    rec = active_recorder()
+    if rec is not None:
+        num_experts, hidden_size, inter = experts.gate_up_proj.shape[0], experts.hidden_size, experts.expert_dim
+        p = pending_experts(rec, hidden_states.shape[0], self.top_k, num_experts, hidden_size, inter, True,
+                            hidden_states.element_size(), experts.down_proj.element_size())
+        rec.record("tracecost.moe_experts", GEMM, "matrix", p.flops, [hidden_states, experts.gate_up_proj,
+                                                                       experts.down_proj, router_scores], [out],
+                   bytes_read=p.bytes_read, bytes_written=p.bytes_written, weight_bytes=p.weight_bytes,
+                   experts=p.work, gemm=p.gemm)
+    shared = self.shared_expert(hidden_states)
+    return torch.add(shared, out), router_logits
+
+
+# Module classes whose MoE forward is replaced by a routed one
+ROUTED_FORWARDS = {"Llama4TextMoe": routed_llama4_moe}
 
 
 def register() -> None:

@@ -97,9 +97,10 @@ class Evaluator:
             total += weight * sum(self.latency_s(r, tp, ep) for r in shapes.prefill_requests(batch))
         return total
 
-    def memory(self, kv_tokens: int, activation_requests: list[Request], tp: int, ep: int) -> MemoryEstimate:
-        estimates = [estimate_memory(trace(self.spec, r, self.options), kv_tokens, tp, ep, self.hw.memory_capacity_gb)
-                     for r in activation_requests]
+    def memory(self, kv_tokens: int, activation_requests: list[Request], tp: int, ep: int,
+               sequences: int) -> MemoryEstimate:
+        estimates = [estimate_memory(trace(self.spec, r, self.options), kv_tokens, tp, ep, self.hw.memory_capacity_gb,
+                                     sequences=sequences) for r in activation_requests]
         return max(estimates, key=lambda m: m.total)
 
     def _check(self, ttft_s: float, tpot_s: float, memory: MemoryEstimate) -> tuple[bool, bool, list[str]]:
@@ -125,7 +126,7 @@ class Evaluator:
         # the batch's new requests are prefilled in `waves` waves, each followed by a decode step: on average a
         # request's first token comes after half of them
         ttft_s, tpot_s = (waves + 1) / 2 * (wave_s + step_s), cycle_s / s.output_length
-        memory = self.memory(batch * s.kv_tokens_per_request, s.prefill_requests(wave) + [decode], tp, ep)
+        memory = self.memory(batch * s.kv_tokens_per_request, s.prefill_requests(wave) + [decode], tp, ep, batch)
         fits, ok, why = self._check(ttft_s, tpot_s, memory)
         throughput = dp * batch * s.output_length / cycle_s
         return Candidate(MIXED, tp, ep, dp, batch, wave, ttft_s * 1e3, tpot_s * 1e3, throughput,
@@ -146,8 +147,8 @@ class Evaluator:
         best_p = max(range(1, replicas), key=lambda p: min(p * prefill_rate, (replicas - p) * decode_rate),
                      default=0)
         requests_per_s = min(best_p * prefill_rate, (replicas - best_p) * decode_rate) if best_p else 0.0
-        memory = max(self.memory(batch * s.kv_tokens_per_request, [decode], tp, ep),
-                     self.memory(wave * s.input_length, s.prefill_requests(wave), tp, ep), key=lambda m: m.total)
+        memory = max(self.memory(batch * s.kv_tokens_per_request, [decode], tp, ep, batch),
+                     self.memory(wave * s.input_length, s.prefill_requests(wave), tp, ep, wave), key=lambda m: m.total)
         ttft_s, tpot_s = wave_s + transfer_s, step_s
         fits, ok, why = self._check(ttft_s, tpot_s, memory)
         if replicas < 2:
