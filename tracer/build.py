@@ -171,6 +171,8 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
         notes.append(f"DeepSeek sparse attention: each query attends to the top {config.get_text_config().index_topk} "
                      f"keys its indexer selects (priced like a window of that many keys); the indexer scores every "
                      f"cached key")
+    if any(getattr(getattr(m, "config", None), "zero_expert_num", 0) for m in model.modules()):
+        notes.append("zero-computation experts: every routed pick is priced as a real expert (an upper bound)")
     languages = getattr(config, "languages", None)
     if hasattr(model, "set_default_language") and languages:  # X-MOD: one language's adapters run per token
         model.set_default_language(getattr(config, "default_language", None) or languages[0])

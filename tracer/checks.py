@@ -57,7 +57,7 @@ class Identity:
 
 def _top_k(config) -> int | None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for name in ("num_experts_per_tok", "moe_top_k", "top_k", "num_experts_per_token", "moe_k"):
+    for name in ("num_experts_per_tok", "moe_top_k", "moe_topk", "top_k", "num_experts_per_token", "moe_k"):
         value = getattr(text, name, None)
         if isinstance(value, int) and value > 0:
             return value
@@ -82,7 +82,7 @@ def _text_scope(built: BuiltModel) -> tuple[str | None, str | None]:
 
 
 def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: dict[int, list], ops, tokens: int,
-                  logits_rows: int, cache_rows: int) -> Identity:
+                  logits_rows: int, cache_rows: int, expert_params: dict[int, int] | None = None) -> Identity:
     """`tokens`: rows through the decoder; `logits_rows`: rows through the LM head; `cache_rows`: cached plus new
     tokens of all sequences. Every decoder weight is expected to meet `tokens` rows (a routed expert's weights
     top_k / E of them); weights after the decoder (the LM head and a prediction head around it) the logits rows.
@@ -149,7 +149,9 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
             owner = model.get_submodule(path) if path else model
             seen = param_rows.get(rid, [])
             rows = float(tokens)
-            if _expert_tensors(owner) and p.dim() == 3:
+            if (expert_params or {}).get(rid) and p.dim() == 3:  # read by a routed-experts op: its top_k
+                rows = tokens * min(expert_params[rid], p.shape[0]) / p.shape[0]
+            elif _expert_tensors(owner) and p.dim() == 3:
                 k = top_k.get(representative(path), default_k)
                 if not k:
                     raise ModelError(f"{type(owner).__name__}: routed experts without a known top-k: the FLOP "

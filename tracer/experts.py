@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .recorder import active_recorder
 from .work import GEMM, ExpertsWork, GemmShape
 
@@ -103,8 +105,51 @@ def routed_llama4_moe(self, hidden_states):
     return torch.add(shared, out), router_logits
 
 
+def _record_routed(experts_module, hidden_states, top_k: int, num_experts: int, inter: int, gated: bool, weights):
+    """One expected-work op for routed experts whose HF code dispatches tokens with data-dependent indexing."""
+    out = hidden_states.new_empty(hidden_states.shape)
+    rec = active_recorder()
+    if rec is not None:
+        p = pending_experts(rec, hidden_states.shape[0], top_k, num_experts, hidden_states.shape[-1], inter, gated,
+                            hidden_states.element_size(), weights[0].element_size())
+        rec.record("tracecost.moe_experts", GEMM, "matrix", p.flops, [hidden_states, *weights], [out],
+                   bytes_read=p.bytes_read, bytes_written=p.bytes_written, weight_bytes=p.weight_bytes,
+                   experts=p.work, gemm=p.gemm)
+    return out
+
+
+def routed_experts(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
+    """Experts with transformers' (hidden, top_k_index, top_k_weights) signature that loop over the hit experts
+    (nonzero / where: data dependent, impossible on meta): one op with the expected routed work."""
+    gate_up = getattr(self, "gate_up_proj", None)
+    up = gate_up if gate_up is not None else self.up_proj
+    hidden = hidden_states.shape[-1]
+    width = up.shape[-2] if up.shape[-1] == hidden else up.shape[-1]
+    gated = gate_up is not None
+    return _record_routed(self, hidden_states, top_k_index.shape[-1], self.down_proj.shape[0],
+                          width // 2 if gated else width, gated, [up, self.down_proj])
+
+
+def routed_aria_experts(self, hidden_states, router_logits):
+    """Aria's grouped-GEMM experts (sequential per-expert loops in HF): router top-k, then one routed op."""
+    top_k_index, _ = self.route_tokens_to_experts(router_logits)
+    weight = self.fc1.weight   # [E, hidden, 2 x inter]
+    return _record_routed(self, hidden_states, top_k_index.shape[-1], weight.shape[0], weight.shape[-1] // 2, True,
+                          [weight, self.fc2.weight])
+
+
+def wants_routed_forward(module) -> bool:
+    """Experts tensors with the (hidden, top_k_index, top_k_weights) forward but not routed through ExpertsInterface."""
+    import inspect
+    down = getattr(module, "down_proj", None)
+    if hasattr(module, "has_gate") or not (isinstance(down, torch.Tensor) and down.dim() == 3):
+        return False
+    params = list(inspect.signature(type(module).forward).parameters)
+    return len(params) >= 4 and params[2] == "top_k_index"
+
+
 # Module classes whose MoE forward is replaced by a routed one
-ROUTED_FORWARDS = {"Llama4TextMoe": routed_llama4_moe}
+ROUTED_FORWARDS = {"Llama4TextMoe": routed_llama4_moe, "AriaExperts": routed_aria_experts}
 
 
 def register() -> None:

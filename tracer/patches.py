@@ -154,10 +154,14 @@ def replace_forwards(model: torch.nn.Module) -> int:
     tracecost's forward; returns how many."""
     import types
 
-    from .experts import ROUTED_FORWARDS
+    from .experts import ROUTED_FORWARDS, routed_experts, wants_routed_forward
     forwards = {**recurrent.FORWARDS, **ROUTED_FORWARDS, **ATTENTION_FORWARDS}
     swapped = 0
     for module in model.modules():
+        if wants_routed_forward(module):
+            module.forward = types.MethodType(routed_experts, module)
+            swapped += 1
+            continue
         if callable(getattr(type(module), "_attn", None)) and "attention" in type(module).__name__.lower():
             module._attn = types.MethodType(_inline_attention, module)
             swapped += 1

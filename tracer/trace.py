@@ -236,7 +236,7 @@ def _check(built: BuiltModel, run: Run, recorder, request: Request, model_name: 
     tokens = batch * run.query_length
     logits_rows = tokens if request.all_logits else batch
     identity = flop_identity(built, recorder.params_read, recorder.param_rows, run.ops, tokens, logits_rows,
-                             batch * (request.context_length + run.query_length))
+                             batch * (request.context_length + run.query_length), recorder.expert_params)
     if not identity.holds:
         raise ModelError(f"{model_name}: FLOP identity check failed: {identity.describe()}")
     run.checks["flop_identity"] = f"holds: {identity.traced:.6g} GEMM FLOPs = 2 x params x rows"
