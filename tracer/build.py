@@ -30,12 +30,12 @@ class BuiltModel:
     attn_implementation: str = IMPLEMENTATION
     multimodal: bool = False         # built as *ForConditionalGeneration: the text backbone is what runs
     dedup_verdict: str | None = None  # set by the dedup self-test: None (not run), "ok" or why dedup is off
-    warmed: bool = False             # one untimed forward ran (first-call conversions are not a step's work)
+    warmed: set[str] = field(default_factory=set)  # layer modes an untimed first forward has run in
     notes: list[str] = field(default_factory=list)
 
     @property
     def layer_groups(self) -> list[list[int]]:
-        return self.layers.groups if self.layers.active else [[i] for i in range(self.num_layers)]
+        return self.layers.traced_groups()
 
 
 def _expert_tensors(module: torch.nn.Module) -> bool:
@@ -160,7 +160,7 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise ModelError(f"cannot build {spec.name} ({type(config).__name__}) on meta: "
+        raise ModelError(f"unsupported: cannot build {spec.name} ({type(config).__name__}) on meta: "
                          f"{type(e).__name__}: {_first_line(e)}") from None
     model.eval()
     mla_modules = mla.use_absorbed_form(model) if mla_form == "absorbed" else sum(

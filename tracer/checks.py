@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from . import disk_cache
+from .layers import DEDUP, PROBE
 from .model_source import ModelError
 from .work import GEMM, Request, Trace
 
@@ -82,7 +83,7 @@ def _text_scope(built: BuiltModel) -> tuple[str | None, str | None]:
 
 
 def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: dict[int, list], ops, tokens: int,
-                  logits_rows: int, cache_rows: int, expert_params: dict[int, int] | None = None) -> Identity:
+                  logits_rows: int, cache_rows: int, expert_params: dict[int, tuple] | None = None) -> Identity:
     """`tokens`: rows through the decoder; `logits_rows`: rows through the LM head; `cache_rows`: cached plus new
     tokens of all sequences. Every decoder weight is expected to meet `tokens` rows (a routed expert's weights
     top_k / E of them); weights after the decoder (the LM head and a prediction head around it) the logits rows.
@@ -114,7 +115,7 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
     def resolved(name: str, pid: int) -> int:
         """The parameter whose reads stand for this one: the same name in the layer's group representative."""
         m = layer_re.match(name)
-        if m and layers.active and int(m.group(1)) in layers.replay:
+        if m and int(m.group(1)) in layers.replay:
             rep = f"{layers.path}.{layers.replay[int(m.group(1))]}.{m.group(2)}"
             if rep in by_name:
                 return id(by_name[rep])
@@ -122,7 +123,7 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
 
     def representative(path: str) -> str:
         m = layer_re.match(path + ".x")
-        if m and layers.active and int(m.group(1)) in layers.replay:
+        if m and int(m.group(1)) in layers.replay:
             return f"{layers.path}.{layers.replay[int(m.group(1))]}.{m.group(2)[:-2]}"
         return path
 
@@ -149,22 +150,25 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
             owner = model.get_submodule(path) if path else model
             seen = param_rows.get(rid, [])
             rows = float(tokens)
-            if (expert_params or {}).get(rid) and p.dim() == 3:  # read by a routed-experts op: its top_k
-                rows = tokens * min(expert_params[rid], p.shape[0]) / p.shape[0]
+            if (expert_params or {}).get(rid):  # read by a routed-experts op: top_k of its E experts
+                k, n = expert_params[rid]
+                rows = tokens * min(k, n) / n
             elif _expert_tensors(owner) and p.dim() == 3:
                 k = top_k.get(representative(path), default_k)
                 if not k:
                     raise ModelError(f"{type(owner).__name__}: routed experts without a known top-k: the FLOP "
                                      f"identity cannot be checked")
                 rows = tokens * min(k, p.shape[0]) / p.shape[0]
-            elif not path.startswith(layers.path + ".") and seen and all(abs(r - logits_rows) < 0.5 for r in seen):
-                rows = float(logits_rows)   # one row per sequence outside the layers: BERT's prediction head, pooler
-            elif cache_rows != tokens and seen and all(abs(r - cache_rows) < 0.5 for r in seen):
-                rows = float(cache_rows)
-                cache_weights.append(path.rsplit(".", 1)[-1])
-            elif len(seen) > 1 and all(abs(r - tokens) < 0.5 for r in seen):
-                rows = float(tokens) * len(seen)  # one weight applied twice in a layer (Gemma-3n's AltUp router)
+            elif seen and abs(sum(seen) - tokens) < 0.5:
+                rows = float(tokens)        # one use, or one use split over views (MLA's absorbed halves)
+            elif seen and all(abs(r - tokens) < 0.5 for r in seen):
+                rows = float(tokens) * len(seen)  # applied more than once per step (Gemma-3n's AltUp router, HRM)
                 reused.append(path.rsplit(".", 1)[-1])
+            elif not path.startswith(layers.path + ".") and seen and all(abs(r - logits_rows) < 0.5 for r in seen):
+                rows = float(logits_rows) * len(seen)  # one row per sequence outside the layers: BERT's head, pooler
+            elif cache_rows != tokens and seen and all(abs(r - cache_rows) < 0.5 for r in seen):
+                rows = float(cache_rows) * len(seen)
+                cache_weights.append(path.rsplit(".", 1)[-1])
             expected += 2.0 * rows * p.numel()
             by_module[representative(path)] = by_module.get(representative(path), 0.0) + 2.0 * rows * p.numel()
     traced = weightless = mixing = 0.0
@@ -234,14 +238,18 @@ def _differs(a: tuple, b: tuple) -> str | None:
     for name, x, y in (("FLOPs", a[0], b[0]), ("bytes", a[1], b[1])):
         for cls in x:
             if abs(x[cls] - y[cls]) > 1e-9 * max(abs(x[cls]), abs(y[cls]), 1.0):
-                return f"{cls} {name} {x[cls]:.6g} with dedup vs {y[cls]:.6g} without"
+                return f"{cls} {name} {x[cls]:.6g} with dedup vs {y[cls]:.6g} tracing the repeats"
     if a[2] != b[2]:
-        return f"{a[2]} ops with dedup vs {b[2]} without"
+        return f"{a[2]} ops with dedup vs {b[2]} tracing the repeats"
     return None
 
 
-def dedup_verdict(built: BuiltModel, run: Callable[[Request, bool], Trace]) -> str:
-    """'ok', or why dedup is off: runs the self-test once per model class and layer pattern (memory and disk)."""
+def dedup_verdict(built: BuiltModel, run: Callable[[Request, str], Trace]) -> str:
+    """'ok', or why dedup is off: runs the self-test once per model class and layer pattern (memory and disk).
+
+    The test traces a short prefill with dedup and in probe mode, where the second and the last member of every
+    group are traced too: a layer whose work differs from its group's first (a first-layer special case, shared
+    KV in the last layers) shows as a difference."""
     groups = built.layers.groups
     if all(len(g) == 1 for g in groups):
         return "ok"
@@ -249,12 +257,13 @@ def dedup_verdict(built: BuiltModel, run: Callable[[Request, bool], Trace]) -> s
     key = ("dedup-self-test", type(built.model).__module__, type(built.model).__qualname__, pattern)
     if key in _VERDICTS:
         return _VERDICTS[key]
-    verdict = disk_cache.load(key)
+    verdict = disk_cache.load(key, kind="verdicts")
     if verdict is None:
         # a short prefill over a cached context: every layer kind takes its continuing path (cache, state)
         request = Request(1, 5, self_test_context(built.config))
-        problem = _differs(_totals(run(request, True)), _totals(run(request, False)))
-        verdict = "ok" if problem is None else f"layer dedup self-test failed for {type(built.model).__name__} ({problem})"
-        disk_cache.store(key, verdict)
+        problem = _differs(_totals(run(request, DEDUP)), _totals(run(request, PROBE)))
+        verdict = "ok" if problem is None else (f"layer dedup self-test failed for {type(built.model).__name__} "
+                                                f"({problem})")
+        disk_cache.store(key, verdict, kind="verdicts")
     _VERDICTS[key] = verdict
     return verdict

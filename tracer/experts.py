@@ -148,8 +148,17 @@ def wants_routed_forward(module) -> bool:
     return len(params) >= 4 and params[2] == "top_k_index"
 
 
+def routed_dbrx_experts(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
+    """DBRX: experts stacked as [E x ffn, hidden] matrices w1, v1 (gate, up) and w2 (down)."""
+    flat = hidden_states.reshape(-1, self.hidden_size)
+    out = _record_routed(self, flat, top_k_index.shape[-1], self.num_experts, self.ffn_hidden_size, True,
+                         [self.mlp.w1, self.mlp.v1, self.mlp.w2])
+    return out.reshape(hidden_states.shape)
+
+
 # Module classes whose MoE forward is replaced by a routed one
-ROUTED_FORWARDS = {"Llama4TextMoe": routed_llama4_moe, "AriaExperts": routed_aria_experts}
+ROUTED_FORWARDS = {"Llama4TextMoe": routed_llama4_moe, "AriaExperts": routed_aria_experts,
+                   "DbrxExperts": routed_dbrx_experts}
 
 
 def register() -> None:

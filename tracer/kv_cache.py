@@ -103,7 +103,13 @@ class MetaKVCache(Cache):
             except Exception:  # noqa: BLE001 - a config without layer kinds: plain attention layers
                 layer_types = [None] * num_layers
             layer_types = list(layer_types) + [None] * max(0, num_layers - len(layer_types))
-        super().__init__(layers=[_layer(t, context_length, kwargs) for t in layer_types])
+        layers = [_layer(t, context_length, kwargs) for t in layer_types]
+        text = config.get_text_config(decoder=True) if config is not None and hasattr(config, "get_text_config") \
+            else config
+        for i in getattr(text, "cross_attention_layers", None) or []:  # Mllama: no image in a text-only context
+            if i < len(layers) and isinstance(layers[i], MetaKVLayer):
+                layers[i] = MetaKVLayer(0)
+        super().__init__(layers=layers)
         self.context_length = context_length
 
     @property
@@ -118,7 +124,8 @@ class MetaKVCache(Cache):
                     layer.has_previous_state[i] = True
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.context_length
+        layer = self.layers[layer_idx] if 0 <= layer_idx < len(self.layers) else None
+        return layer.context_length if isinstance(layer, MetaKVLayer) else self.context_length
 
     def update_indexer(self, indexer_keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
         return self.layers[layer_idx].update_indexer(indexer_keys)

@@ -20,18 +20,52 @@ _POSITION_KEYS = re.compile(r"(^|_)(idx|index|id|number|num_layer|layer_id|layer
 _SCALAR = (bool, int, float, str, type(None))
 
 
+DEDUP, PROBE, FULL = "dedup", "probe", "full"
+
+
 @dataclass
 class DecoderLayers:
+    """The decoder layer list and how a forward runs it: `dedup` traces the first layer of each group and replays
+    it for the others; `probe` also traces the second and the last member of every group (the dedup self-test
+    compares the two); `full` traces every layer."""
     path: str                        # e.g. "transformer.h"
     layers: torch.nn.ModuleList
     groups: list[list[int]]          # indices of identical layers; the first of each group is traced
-    replay: dict[int, int] = field(default_factory=dict)  # skipped layer -> its group's first layer
     outputs: dict[int, object] = field(default_factory=dict)
-    active: bool = True              # False: every layer runs (no dedup), e.g. for the self-test
+    mode: str = DEDUP
+    _replay: tuple | None = None
 
     @property
-    def pattern(self) -> str:
-        return re.escape(self.path) + r"\.(\d+)(?:\.|$)"
+    def active(self) -> bool:
+        """Whether repeated layers are replayed (dedup or probe) rather than all traced."""
+        return self.mode != FULL
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self.mode = DEDUP if value else FULL
+
+    def traced_groups(self) -> list[list[int]]:
+        """Groups as the current mode runs them: the first index of each is traced, the others replay it."""
+        if self.mode == FULL:
+            return [[i] for i in range(len(self.layers))]
+        if self.mode == DEDUP:
+            return self.groups
+        out = []
+        for g in self.groups:
+            probes = sorted({g[1], g[-1]}) if len(g) > 1 else []
+            out.append([i for i in g if i not in probes])
+            out.extend([i] for i in probes)
+        return out
+
+    @property
+    def replay(self) -> dict[int, int]:
+        """Replayed layer -> the traced layer it copies, in the current mode."""
+        if self._replay is None or self._replay[0] != self.mode:
+            self._replay = (self.mode, {i: g[0] for g in self.traced_groups() for i in g[1:]})
+        return self._replay[1]
+
+    def source(self, index: int) -> int | None:
+        return self.replay.get(index)
 
 
 def _param_count(module: torch.nn.Module) -> int:
@@ -110,9 +144,6 @@ def install(model: torch.nn.Module, config, dedup: bool) -> DecoderLayers | None
     path, layers = found
     groups = group_layers(layers, config) if dedup else [[i] for i in range(len(layers))]
     state = DecoderLayers(path=path, layers=layers, groups=groups)
-    for group in groups:
-        for i in group[1:]:
-            state.replay[i] = group[0]
     for i, layer in enumerate(layers):
         layer.forward = _wrapped(layer.forward, i, state)
     return state
@@ -120,7 +151,7 @@ def install(model: torch.nn.Module, config, dedup: bool) -> DecoderLayers | None
 
 def _wrapped(forward, index: int, state: DecoderLayers):
     def run(*args, **kwargs):
-        source = state.replay.get(index) if state.active else None
+        source = state.source(index)
         if source is not None and source in state.outputs:
             return _fresh_copy(state.outputs[source])
         out = forward(*args, **kwargs)

@@ -149,6 +149,23 @@ def bloom_attention(self, hidden_states, residual, alibi, attention_mask, layer_
 ATTENTION_FORWARDS = {"BloomAttention": bloom_attention}
 
 
+def xmod_lang_adapter(self, lang_ids, hidden_states):
+    """X-MOD: every token of a sequence in one language goes through that language's adapter (HF selects the tokens
+    per language with data-dependent indexing); the adapters are identical in shape."""
+    residual = hidden_states
+    if self.adapter_layer_norm is not None:
+        hidden_states = self.adapter_layer_norm(hidden_states)
+    elif self.adapter_reuse_layer_norm:
+        hidden_states = self.LayerNorm(hidden_states)
+    if self.ln_before_adapter:
+        residual = hidden_states
+    adapter = next(iter(self.adapter_modules.values()))
+    return self.dropout(adapter(hidden_states)) + residual
+
+
+METHOD_REPLACEMENTS = {"XmodOutput": ("lang_adapter", xmod_lang_adapter)}
+
+
 def replace_forwards(model: torch.nn.Module) -> int:
     """Modules whose kernel is inline Python (MiniMax lightning attention) or that run experts dense (Llama-4) get
     tracecost's forward; returns how many."""
@@ -165,7 +182,7 @@ def replace_forwards(model: torch.nn.Module) -> int:
         if callable(getattr(type(module), "_attn", None)) and "attention" in type(module).__name__.lower():
             module._attn = types.MethodType(_inline_attention, module)
             swapped += 1
-        method = recurrent.METHODS.get(type(module).__name__)
+        method = {**recurrent.METHODS, **METHOD_REPLACEMENTS}.get(type(module).__name__)
         if method is not None:
             setattr(module, method[0], types.MethodType(method[1], module))
             swapped += 1

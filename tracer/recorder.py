@@ -123,7 +123,8 @@ class Recorder(TorchDispatchMode):
         self._buffers = WeakIdKeyDictionary()
         self.params_read: dict[int, set[str]] = {}  # id of a parameter -> classes of the recorded ops that read it
         self.param_rows: dict[int, list[float]] = {}  # id of a parameter -> rows of each GEMM that multiplied it
-        self.expert_params: dict[int, int] = {}  # id of a routed experts' weight -> top_k of the op that read it
+        # id of a routed experts' weight -> (top_k, experts) of the op that read it
+        self.expert_params: dict[int, tuple[int, int]] = {}
         self._last_roots: list = []
         for p in model.parameters():
             self._params[p] = True
@@ -219,7 +220,7 @@ class Recorder(TorchDispatchMode):
         reads, read_total, weights, operand = self._reads(inputs, op_class)
         if experts is not None:
             for root in self._last_roots:
-                self.expert_params[id(root)] = experts.top_k
+                self.expert_params[id(root)] = (experts.top_k, experts.num_experts)
         raw = self._new_raw(name, op_class, "matrix" if op_class != OTHER else "vector", flops,
                             dtype_name(inputs[0].dtype) if inputs else "bf16",
                             tuple(tuple(t.shape) for t in inputs), tuple(outputs[0].shape) if outputs else (),
@@ -304,7 +305,7 @@ class Recorder(TorchDispatchMode):
             root = self._weight_of.get(weight)
             if root is not None:
                 self.params_read.setdefault(id(root), set()).add(GEMM)
-                self.expert_params[id(root)] = pending.work.top_k
+                self.expert_params[id(root)] = (pending.work.top_k, pending.work.num_experts)
         if getattr(pending, "recorded", False):
             for t in outputs:  # the down projection: its output comes from the experts op
                 self._producer[t] = len(self.ops) - 1

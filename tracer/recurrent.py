@@ -281,13 +281,51 @@ def rglru_scan(self, hidden_states, recurrent_gate, reset, recurrent_states, *ar
     return out, hidden_states.new_empty(batch, width)
 
 
+def _rwkv_shifted(module, hidden, state, index: int):
+    """The previous token's hidden state: from the cached state in a decode step ([B, 1, H], where HF's [B, H]
+    broadcasts a batch of B into B x B rows), else the sequence shifted by one."""
+    if hidden.size(1) == 1 and state is not None:
+        return state[index][:, :, module.layer_id].unsqueeze(1)
+    shifted = module.time_shift(hidden)
+    if state is not None:
+        shifted[:, 0] = state[index][:, :, module.layer_id]
+    return shifted
+
+
+def rwkv_extract_key_value(self, hidden, state=None):
+    import torch
+    shifted = _rwkv_shifted(self, hidden, state, 1)
+    key = hidden * self.time_mix_key + shifted * (1 - self.time_mix_key)
+    value = hidden * self.time_mix_value + shifted * (1 - self.time_mix_value)
+    receptance = hidden * self.time_mix_receptance + shifted * (1 - self.time_mix_receptance)
+    key, value, receptance = self.key(key), self.value(value), torch.sigmoid(self.receptance(receptance))
+    if state is not None:
+        state[1][:, :, self.layer_id] = hidden[:, -1]
+    return receptance, key, value, state
+
+
+def rwkv_feed_forward(self, hidden, state=None):
+    import torch
+    shifted = _rwkv_shifted(self, hidden, state, 0)
+    key = hidden * self.time_mix_key + shifted * (1 - self.time_mix_key)
+    receptance = hidden * self.time_mix_receptance + shifted * (1 - self.time_mix_receptance)
+    key = torch.square(torch.relu(self.key(key)))
+    value = self.value(key)
+    receptance = torch.sigmoid(self.receptance(receptance))
+    if state is not None:
+        state[0][:, :, self.layer_id] = hidden[:, -1]
+    return receptance * value, state
+
+
 # Module classes whose whole forward is replaced (their kernel is inline Python, not a named function)
 FORWARDS = {
     "MiniMaxLightningAttention": lightning_forward,
+    "RwkvFeedForward": rwkv_feed_forward,
 }
 # Module classes whose scan method is replaced: (method name, replacement)
 METHODS = {
     "RecurrentGemmaRglru": ("_rnn_scan", rglru_scan),
+    "RwkvSelfAttention": ("extract_key_value", rwkv_extract_key_value),
 }
 
 

@@ -80,26 +80,23 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
     kv_size = DTYPE_BYTES[kv_dtype]
-    if not built.warmed:  # some layers convert buffers on their first forward (CTRL, CodeGen position tables)
-        active, built.layers.active = built.layers.active, False
-        try:
-            _run(built, Request(1, 1, 0), replace(options, image_tokens=0), kv_size, spec.name, check=False)
-        finally:
-            built.layers.active = active
-        built.warmed = True
     if options.dedup_layers:
         from .checks import dedup_verdict
+        from .layers import DEDUP, FULL, PROBE
 
-        def probe(req: Request, dedup: bool) -> Trace:
-            built.layers.active = dedup
+        def probe(req: Request, mode: str) -> Trace:
+            built.layers.mode = mode
             try:
                 run = _run(built, req, options, kv_size, spec.name, check=False)
             finally:
-                built.layers.active = True
+                built.layers.mode = DEDUP
             return Trace(model=spec.name, request=req, options=options, ops=run.ops, params=0, active_params=0,
                          num_layers=built.num_layers, kv_bytes_per_token=0.0, weight_bytes=0.0)
+        _warm_up(built, options, kv_size, spec.name, PROBE)
         built.dedup_verdict = dedup_verdict(built, probe)
-        built.layers.active = built.dedup_verdict == "ok"
+        built.layers.mode = DEDUP if built.dedup_verdict == "ok" else FULL
+    else:
+        _warm_up(built, options, kv_size, spec.name, built.layers.mode)
     run = _run(built, request, options, kv_size, spec.name)
     ops = run.ops
     if options.dtype in QUANTIZED_DTYPES:
@@ -117,6 +114,21 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     _remember(key, result)
     disk_cache.store(key, result)
     return result
+
+
+def _warm_up(built: BuiltModel, options: TraceOptions, kv_size: float, name: str, mode: str) -> None:
+    """One untimed forward over the layers `mode` traces: some models convert buffers on their first call (CTRL's
+    and CodeGen's position tables), which is not a step's work."""
+    if mode in built.warmed:
+        return
+    saved, built.layers.mode = built.layers.mode, mode
+    try:
+        _run(built, Request(1, 1, 0), replace(options, image_tokens=0), kv_size, name, check=False)
+    finally:
+        built.layers.mode = saved
+    built.warmed.add(mode)
+    if mode == "probe":
+        built.warmed.add("dedup")
 
 
 def _remember(key, result: Trace) -> None:
@@ -175,6 +187,22 @@ def _forward_kwargs(model, cache, logits_rows: int | None) -> dict:
     return kwargs
 
 
+def _padding_mask(model, batch: int, length: int) -> dict:
+    """The all-ones [B, C+Q] padding mask generation passes, for models whose forward reads its shape (GIT while
+    decoding). Others get none: many inspect its values, which meta tensors do not have."""
+    import inspect
+
+    import torch
+    if "attention_mask" not in inspect.signature(model.forward).parameters:
+        return {}
+    owners = {type(model)} | {type(m) for m in model.children()}
+    try:
+        needs = any("attention_mask.shape" in inspect.getsource(cls.forward) for cls in owners)
+    except (OSError, TypeError):
+        needs = False
+    return {"attention_mask": torch.ones(batch, length, dtype=torch.long, device="meta")} if needs else {}
+
+
 def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_size: float, model_name: str,
          check: bool = True) -> Run:
     """Trace one forward step; with `check`, stop with a one-line error when a self-check fails."""
@@ -198,7 +226,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
         input_ids = torch.zeros(batch, q_len, dtype=torch.long)
         positions = torch.arange(context, context + q_len).unsqueeze(0).expand(batch, -1)
     cache = model_cache(built.model, built.num_layers, context, built.config)
-    kwargs = _forward_kwargs(built.model, cache, logits_rows)
+    kwargs = {**_forward_kwargs(built.model, cache, logits_rows), **_padding_mask(built.model, batch, context + q_len)}
     vision_note = None
     try:
         with torch.no_grad(), recorder, warnings.catch_warnings(), patched(built.model, recorder, logits_rows):
@@ -216,7 +244,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     except Exception as e:  # noqa: BLE001 - an unsupported model is a one-line error naming the module
         where = recorder.module[0] or type(built.model).__name__
         text = str(e).strip()
-        raise ModelError(f"{model_name}: tracing failed in module '{where}' ({recorder.module[1]}): "
+        raise ModelError(f"unsupported: {model_name}: tracing failed in module '{where}' ({recorder.module[1]}): "
                          f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from None
     finally:
         recorder.close()
@@ -238,18 +266,18 @@ def _check(built: BuiltModel, run: Run, recorder, request: Request, model_name: 
     identity = flop_identity(built, recorder.params_read, recorder.param_rows, run.ops, tokens, logits_rows,
                              batch * (request.context_length + run.query_length), recorder.expert_params)
     if not identity.holds:
-        raise ModelError(f"{model_name}: FLOP identity check failed: {identity.describe()}")
+        raise ModelError(f"unsupported: {model_name}: FLOP identity check failed: {identity.describe()}")
     run.checks["flop_identity"] = f"holds: {identity.traced:.6g} GEMM FLOPs = 2 x params x rows"
     problems = context_problems(run.ops, request)
     if problems:
-        raise ModelError(f"{model_name}: cache check failed: {problems[0]}")
+        raise ModelError(f"unsupported: {model_name}: cache check failed: {problems[0]}")
     run.checks["cache"] = "every attention op sees the whole context; recurrent ops continue their state"
     run.checks["dedup"] = built.dedup_verdict or ("off" if not built.layers.active else "not run")
     if identity.unread_params:
         run.notes.append(f"{identity.unread_params / 1e6:.1f}M matrix parameters take no part in a text-only step "
                          f"(e.g. cross-attention or an encoder) and are not counted in its work")
     if identity.reused_weights:
-        run.notes.append(f"{', '.join(identity.reused_weights)}: applied more than once per layer, as HF runs the model")
+        run.notes.append(f"{', '.join(identity.reused_weights)}: applied more than once per step, as HF runs the model")
     if identity.mixing:
         run.notes.append(f"{identity.mixing:.3g} FLOPs of tiny per-token products without weights (e.g. AltUp "
                          f"mixing) are counted as traced")
