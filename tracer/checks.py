@@ -37,6 +37,7 @@ class Identity:
     mixing: float = 0.0            # FLOPs of tiny per-token products without a weight (outside the identity)
     largest_gap: tuple | None = None  # (module, expected minus traced FLOPs) where the two differ most
     reused_weights: list[str] = field(default_factory=list)  # weights a layer applies more than once per step
+    per_head_weights: list[str] = field(default_factory=list)  # weights applied to every head of every token
 
     @property
     def holds(self) -> bool:
@@ -127,7 +128,7 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
             return f"{layers.path}.{layers.replay[int(m.group(1))]}.{m.group(2)[:-2]}"
         return path
 
-    expected, unread, cache_weights, reused = 0.0, 0, [], []
+    expected, unread, cache_weights, reused, per_head = 0.0, 0, [], [], []
     by_module: dict[str, float] = {}  # expected minus traced FLOPs per module (the largest gap is reported)
     for pid, p in params.items():
         if p.dim() < 2:
@@ -152,6 +153,7 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
             rows = float(tokens)
             if (expert_params or {}).get(rid):  # read by a routed-experts op: top_k of its E experts
                 k, n = expert_params[rid]
+                n = p.shape[0] if p.dim() == 3 else n  # LongCat stores gate_up for its zero experts too
                 rows = tokens * min(k, n) / n
             elif _expert_tensors(owner) and p.dim() == 3:
                 k = top_k.get(representative(path), default_k)
@@ -169,6 +171,9 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
             elif cache_rows != tokens and seen and all(abs(r - cache_rows) < 0.5 for r in seen):
                 rows = float(cache_rows) * len(seen)
                 cache_weights.append(path.rsplit(".", 1)[-1])
+            elif seen and _heads(model, path) and all(abs(r - tokens * _heads(model, path)) < 0.5 for r in seen):
+                rows = float(tokens) * _heads(model, path) * len(seen)  # shared by the heads (Inkling's rel. logits)
+                per_head.append(path.rsplit(".", 1)[-1])
             expected += 2.0 * rows * p.numel()
             by_module[representative(path)] = by_module.get(representative(path), 0.0) + 2.0 * rows * p.numel()
     traced = weightless = mixing = 0.0
@@ -189,8 +194,21 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
     gap = max(by_module.items(), key=lambda kv: abs(kv[1]), default=("", 0.0))
     return Identity(traced=traced, expected=expected, weightless=weightless, weightless_modules=weightless_modules,
                     unread_params=unread, cache_weights=sorted(set(cache_weights)), mixing=mixing,
-                    reused_weights=sorted(set(reused)),
+                    reused_weights=sorted(set(reused)), per_head_weights=sorted(set(per_head)),
                     largest_gap=gap if abs(gap[1]) > IDENTITY_TOLERANCE * max(expected, 1.0) else None)
+
+
+def _heads(model, path: str) -> int:
+    """Attention heads of the module owning `path` or its parent (0 when neither has any)."""
+    parts = path.split(".")
+    for end in (len(parts) - 1, len(parts) - 2):
+        if end <= 0:
+            continue
+        owner = model.get_submodule(".".join(parts[:end]))
+        heads = getattr(owner, "num_heads", None) or getattr(owner, "num_attention_heads", None)
+        if isinstance(heads, int) and heads > 1:
+            return heads
+    return 0
 
 
 def _per_token_mixing(op, tokens: int) -> bool:

@@ -156,9 +156,47 @@ def routed_dbrx_experts(self, hidden_states, top_k_index, top_k_weights, *args, 
     return out.reshape(hidden_states.shape)
 
 
+def balanced_jetmoe_gating(self, hidden_states):
+    """JetMoE's router (expert sizes via .tolist() in HF: data dependent): the router GEMM and top-k, then the
+    T x k (token, expert) pairs split evenly over the experts."""
+    logits = self.layer(hidden_states).float()
+    top_k_logits, _ = logits.topk(self.top_k, dim=1)
+    pairs = hidden_states.shape[0] * self.top_k
+    sizes = [pairs // self.num_experts + (1 if e < pairs % self.num_experts else 0) for e in range(self.num_experts)]
+    index = top_k_logits.new_empty(pairs, dtype=torch.long)
+    gates = top_k_logits.new_empty(pairs, dtype=hidden_states.dtype)
+    return index, index, gates, sizes, logits
+
+
+def routed_parallel_experts(self, inputs, expert_size):
+    """JetMoE's per-expert GEMMs over the routed rows, as one grouped GEMM of the expected work."""
+    rows, (experts, out_width, in_width) = inputs.shape[0], self.weight.shape
+    out = inputs.new_empty(rows, out_width)
+    rec = active_recorder()
+    if rec is not None:
+        top_k = getattr(self, "top_k", 1)
+        tokens = max(1, rows // top_k)
+        active = expected_active_experts(tokens, experts, top_k)
+        weight_bytes = active * out_width * in_width * self.weight.element_size()
+        act = inputs.element_size()
+        rec.record("tracecost.moe_experts", GEMM, "matrix", 2.0 * rows * in_width * out_width, [inputs, self.weight],
+                   [out], bytes_read=weight_bytes + rows * in_width * act, bytes_written=rows * out_width * act,
+                   weight_bytes=weight_bytes,
+                   gemm=GemmShape(m=max(1, round(rows / experts)), n=out_width, k=in_width, batch=max(1, round(active))))
+        rec.expert_params[id(self.weight)] = (top_k, experts)
+    return out
+
+
+def prepare_jetmoe(module) -> None:
+    """The parallel experts of a JetMoE MoE / MoA block learn their routing's top-k."""
+    for child in (module.input_linear, module.output_linear):
+        child.top_k = module.top_k if hasattr(module, "top_k") else module.router.top_k
+
+
 # Module classes whose MoE forward is replaced by a routed one
 ROUTED_FORWARDS = {"Llama4TextMoe": routed_llama4_moe, "AriaExperts": routed_aria_experts,
-                   "DbrxExperts": routed_dbrx_experts}
+                   "DbrxExperts": routed_dbrx_experts, "JetMoeTopKGating": balanced_jetmoe_gating,
+                   "JetMoeParallelExperts": routed_parallel_experts}
 
 
 def register() -> None:

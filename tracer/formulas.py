@@ -274,15 +274,23 @@ FAMILIES = {
     "gpt2": gpt2, "gpt_bigcode": gpt2, "gptj": gpt2, "codegen": gpt2,
     "gpt_neox": gpt_neox, "falcon": falcon, "bloom": bloom, "mpt": mpt, "dbrx": dbrx, "gpt_neo": gpt_neo,
     "opt": opt_like, "xglm": opt_like, "whisper": opt_like,
-    "llama4_text": llama4, "llama4": llama4,
+    "llama4_text": llama4, "llama4": llama4, "qwen3_5": qwen3_next, "qwen3_5_moe": qwen3_next,
     "qwen3_next": qwen3_next, "qwen3_5_text": qwen3_next, "qwen3_5_moe_text": qwen3_next,
     "mamba": mamba, "falcon_mamba": mamba, "mamba2": mamba2, "jamba": jamba,
 }
 
 
+# vision-language wrappers whose language model is a plain causal decoder of a family above (PaliGemma is not:
+# its prefix attends bidirectionally)
+VLM_WRAPPERS = {"llava", "llava_next", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llama4",
+                "gemma3", "aya_vision", "internvl", "lighton_ocr"}
+
+
 def model_shape(cfg: dict) -> ModelShape:
     text = _text(cfg)
-    reader = FAMILIES.get(text.get("model_type")) or FAMILIES.get(cfg.get("model_type"))
+    reader = FAMILIES.get(cfg.get("model_type"))
+    if reader is None and text is not cfg and cfg.get("model_type") in VLM_WRAPPERS:
+        reader = FAMILIES.get(text.get("model_type"))
     if reader is None:
         raise NoFormula(f"no hand-written formula covers model type '{cfg.get('model_type')}'")
     try:

@@ -77,6 +77,8 @@ class InlineAttention:
         """Scores = query x key^T over [B*H, Q, D] and [B*H, D, K] (or [B*H, K, D]) operands."""
         rec = self.rec
         q_len, qk_dim = query.shape[-2], query.shape[-1]
+        if q_len == 0 or qk_dim == 0:
+            return
         kv_len = key.shape[-1] if key.shape[-2] == qk_dim else key.shape[-2]  # K^T is [.., D, K]
         groups = query.numel() // (q_len * qk_dim)
         batch = self.batch if groups % max(1, self.batch) == 0 else 1

@@ -134,14 +134,18 @@ class MetaKVCache(Cache):
         return self.context_length + query_length, 0
 
 
-def model_cache(model, num_layers: int, context_length: int, config) -> MetaKVCache:
+def model_cache(model, num_layers: int, context_length: int, config, batch: int = 1):
     """The meta cache, as an instance of the model's own DynamicCache subclass where its modeling file defines one
-    that its forward insists on (MiniMax's lightning-attention cache)."""
+    that its forward insists on (MiniMax's lightning-attention cache), or the model's own state cache on meta
+    where it keeps no KV at all (xLSTM)."""
     import sys
 
     from transformers.cache_utils import DynamicCache
     cache = MetaKVCache(num_layers, context_length, config)
     module = sys.modules.get(type(model).__module__)
+    states = getattr(module, type(model).__name__.replace("ForCausalLM", "Cache"), None)
+    if isinstance(states, type) and not issubclass(states, Cache) and hasattr(states, "reset"):
+        return states(config, max_batch_size=batch, dtype=next(model.parameters()).dtype, device="meta")
     own = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, DynamicCache)
            and c.__module__ == module.__name__] if module is not None else []
     if len(own) != 1:

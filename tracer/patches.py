@@ -171,10 +171,12 @@ def replace_forwards(model: torch.nn.Module) -> int:
     tracecost's forward; returns how many."""
     import types
 
-    from .experts import ROUTED_FORWARDS, routed_experts, wants_routed_forward
+    from .experts import ROUTED_FORWARDS, prepare_jetmoe, routed_experts, wants_routed_forward
     forwards = {**recurrent.FORWARDS, **ROUTED_FORWARDS, **ATTENTION_FORWARDS}
     swapped = 0
     for module in model.modules():
+        if type(module).__name__ in ("JetMoeMoE", "JetMoeMoA"):
+            prepare_jetmoe(module)
         if wants_routed_forward(module):
             module.forward = types.MethodType(routed_experts, module)
             swapped += 1

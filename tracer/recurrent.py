@@ -22,6 +22,9 @@ sum over chunks n(n+1)/2 (chunks start at the step's first token, after the cach
 - lightning (MiniMax linear attention with decay, H heads of d dims, blocks of c): matrix
   4 pairs d + 4 T d^2 per head; one decode token 5 d^2 vector FLOPs per head. State H d^2.
 - wkv (RWKV-4 time mixing, C channels): 20 vector FLOPs per token and channel; state 3 C (+ shift states).
+- mlstm (xLSTM, H heads, dk, dv, chunks of c): matrix 2 pairs (dk + dv) + 4 T dk dv per head; one decode token
+  5 dk dv + 6 dk vector FLOPs per head. State H (dk dv + dk + 1).
+- rglru (RecurrentGemma's RG-LRU, width W): 3 vector FLOPs per token and channel; state W.
 
 Bytes: the inputs and outputs once, plus the state read when it continues a cached one and written once.
 States are kept at the activation dtype (bf16 unless fp32 is traced).
@@ -90,6 +93,16 @@ def lightning_flops(tokens: int, heads: int, head_dim: int, block: int) -> tuple
 
 def wkv_flops(tokens: int, channels: int) -> float:
     return 20.0 * tokens * channels
+
+
+def mlstm_flops(tokens: int, heads: int, key_dim: int, value_dim: int, chunk: int) -> tuple[float, float]:
+    """xLSTM's mLSTM (a gated linear attention with a normalizer): chunkwise like lightning attention with
+    separate key and value dims; one decode token updates C (dk x dv) and n (dk) and reads them with q."""
+    if tokens == 1:
+        return 0.0, heads * (5.0 * key_dim * value_dim + 6.0 * key_dim)
+    pairs = chunk_pairs(tokens, chunk)
+    return (heads * (2.0 * pairs * (key_dim + value_dim) + 4.0 * tokens * key_dim * value_dim),
+            heads * (2.0 * pairs + 6.0 * tokens * key_dim))
 
 
 # --- recording -------------------------------------------------------------------------------------------------------
@@ -281,6 +294,20 @@ def rglru_scan(self, hidden_states, recurrent_gate, reset, recurrent_states, *ar
     return out, hidden_states.new_empty(batch, width)
 
 
+def mlstm_backend(self, query, key, value, igate, fgate, c_initial=None, n_initial=None, m_initial=None,
+                  *args, **kwargs):
+    """xLSTM's mLSTM cell over [B, H, S, d] (native chunkwise loops in HF) as one op; returns h and (C, n, m)."""
+    batch, heads, length, key_dim = query.shape
+    value_dim = value.shape[-1]
+    matrix, vector = mlstm_flops(length, heads, key_dim, value_dim, self.config.chunk_size)
+    out = value.new_empty(batch, heads, length, value_dim)
+    _record("mlstm", ATTENTION, batch, length, matrix, vector, heads * (key_dim * value_dim + key_dim + 1),
+            [query, key, value, igate, fgate], [out], _continues(c_initial))
+    state = (value.new_empty(batch, heads, key_dim, value_dim), value.new_empty(batch, heads, key_dim),
+             value.new_empty(batch, heads, 1))
+    return out, state
+
+
 def _rwkv_shifted(module, hidden, state, index: int):
     """The previous token's hidden state: from the cached state in a decode step ([B, 1, H], where HF's [B, H]
     broadcasts a batch of B into B x B rows), else the sequence shifted by one."""
@@ -321,6 +348,7 @@ def rwkv_feed_forward(self, hidden, state=None):
 FORWARDS = {
     "MiniMaxLightningAttention": lightning_forward,
     "RwkvFeedForward": rwkv_feed_forward,
+    "xLSTMBackend": mlstm_backend,
 }
 # Module classes whose scan method is replaced: (method name, replacement)
 METHODS = {

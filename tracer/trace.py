@@ -225,7 +225,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     with torch.device("meta"):
         input_ids = torch.zeros(batch, q_len, dtype=torch.long)
         positions = torch.arange(context, context + q_len).unsqueeze(0).expand(batch, -1)
-    cache = model_cache(built.model, built.num_layers, context, built.config)
+    cache = model_cache(built.model, built.num_layers, context, built.config, batch)
     kwargs = {**_forward_kwargs(built.model, cache, logits_rows), **_padding_mask(built.model, batch, context + q_len)}
     vision_note = None
     try:
@@ -234,7 +234,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
             if image_tokens:
                 from .vision import encode_images
                 vision_note = encode_images(built.model, built.config, recorder, image_tokens, batch).note
-            if context > 0 and cache.has_states:
+            if context > 0 and getattr(cache, "has_states", False):
                 with recorder.suppressed():  # one token shapes the recurrent states; the step then continues them
                     built.model(input_ids=input_ids[:, :1], position_ids=positions[:, :1], **kwargs)
                 cache.continue_states()
@@ -278,6 +278,8 @@ def _check(built: BuiltModel, run: Run, recorder, request: Request, model_name: 
                          f"(e.g. cross-attention or an encoder) and are not counted in its work")
     if identity.reused_weights:
         run.notes.append(f"{', '.join(identity.reused_weights)}: applied more than once per step, as HF runs the model")
+    if identity.per_head_weights:
+        run.notes.append(f"{', '.join(identity.per_head_weights)}: one weight applied to every head of every token")
     if identity.mixing:
         run.notes.append(f"{identity.mixing:.3g} FLOPs of tiny per-token products without weights (e.g. AltUp "
                          f"mixing) are counted as traced")
