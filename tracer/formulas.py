@@ -7,7 +7,7 @@ their FLOPs. A model type without a reader has no formula, and says so (`NoFormu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import recurrent
 from .attention import causal_pairs, chunked_pairs
@@ -110,6 +110,13 @@ def standard(cfg: dict) -> ModelShape:
                       shared_gate=bool(cfg.get("shared_expert_intermediate_size")))
         layers.append(LayerShape(attention=attention, mlp=mlp))
     return ModelShape(h, cfg["vocab_size"], layers)
+
+
+def standard_plain(cfg: dict) -> ModelShape:
+    """Llama-style attention with a two-matrix MLP (up, activation, down): Phi, StarCoder-2, Persimmon, Apertus,
+    Arcee, nanochat, BioGPT, Jais-2."""
+    shape = standard(cfg)
+    return replace(shape, layers=[replace(layer, mlp=replace(layer.mlp, gated=False)) for layer in shape.layers])
 
 
 def gpt2(cfg: dict) -> ModelShape:
@@ -270,7 +277,13 @@ FAMILIES = {
     **{t: standard for t in (
         "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
         "deepseek_v2", "deepseek_v3", "gpt_oss", "phi3", "olmo2", "olmo3", "granite", "helium", "ministral",
-        "qwen2_5_vl_text", "qwen2_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text")},
+        "qwen2_5_vl_text", "qwen2_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text", "bitnet", "cohere", "cohere2",
+        "cohere2_moe", "cwm", "emu3", "ernie4_5", "ernie4_5_moe", "exaone4", "flex_olmo", "glm", "glm4", "glm4_moe",
+        "glm4_moe_lite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "hyperclovax", "mellum",
+        "minicpm3", "minimax_m2", "ministral3", "olmo", "olmoe", "phimoe", "seed_oss", "smollm3", "solar_open",
+        "stablelm", "vaultgemma", "youtu")},
+    **{t: standard_plain for t in ("phi", "starcoder2", "persimmon", "apertus", "arcee", "nanochat", "biogpt",
+                                   "jais2")},
     "gpt2": gpt2, "gpt_bigcode": gpt2, "gptj": gpt2, "codegen": gpt2,
     "gpt_neox": gpt_neox, "falcon": falcon, "bloom": bloom, "mpt": mpt, "dbrx": dbrx, "gpt_neo": gpt_neo,
     "opt": opt_like, "xglm": opt_like, "whisper": opt_like,
@@ -283,7 +296,7 @@ FAMILIES = {
 # vision-language wrappers whose language model is a plain causal decoder of a family above (PaliGemma is not:
 # its prefix attends bidirectionally)
 VLM_WRAPPERS = {"llava", "llava_next", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llama4",
-                "gemma3", "aya_vision", "internvl", "lighton_ocr"}
+                "gemma3", "aya_vision", "internvl", "lighton_ocr", "got_ocr2", "fuyu"}
 
 
 def model_shape(cfg: dict) -> ModelShape:
