@@ -103,7 +103,10 @@ class MetaKVCache(Cache):
             except Exception:  # noqa: BLE001 - a config without layer kinds: plain attention layers
                 layer_types = [None] * num_layers
             layer_types = list(layer_types) + [None] * max(0, num_layers - len(layer_types))
-        layers = [_layer(t, context_length, kwargs) for t in layer_types]
+        # transformers 5.17 returns one kwargs dict for all layers, later releases one per layer
+        per_layer = kwargs if isinstance(kwargs, list) else [kwargs] * len(layer_types)
+        per_layer = list(per_layer) + [{}] * max(0, len(layer_types) - len(per_layer))
+        layers = [_layer(t, context_length, kw) for t, kw in zip(layer_types, per_layer)]
         text = config.get_text_config(decoder=True) if config is not None and hasattr(config, "get_text_config") \
             else config
         for i in getattr(text, "cross_attention_layers", None) or []:  # Mllama: no image in a text-only context

@@ -33,7 +33,7 @@ def _meta_mask(*args, **kwargs):
     embeds = kwargs.get("inputs_embeds", kwargs.get("input_embeds"))
     if embeds is None:
         embeds = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() == 3), None)
-    cache = kwargs.get("past_key_values")
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
     past = kwargs.get("past_key_values_length")
     if past is None:
         past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0

@@ -178,10 +178,9 @@ def _forward_kwargs(model, cache, logits_rows: int | None) -> dict:
     import inspect
     params = inspect.signature(model.forward).parameters
     kwargs = {"use_cache": True}
-    if "past_key_values" in params:
-        kwargs["past_key_values"] = cache
-    elif "cache_params" in params:
-        kwargs["cache_params"] = cache
+    name = next((n for n in ("past_key_values", "cache", "cache_params") if n in params), None)  # by release
+    if name is not None:
+        kwargs[name] = cache
     if "logits_to_keep" in params:
         kwargs["logits_to_keep"] = 0 if logits_rows is None else logits_rows
     return kwargs
