@@ -152,9 +152,11 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
             seen = param_rows.get(rid, [])
             rows = float(tokens)
             if (expert_params or {}).get(rid):  # read by a routed-experts op: top_k of its E experts
-                k, n = expert_params[rid]
+                k, n, uses = expert_params[rid]
                 n = p.shape[0] if p.dim() == 3 else n  # LongCat stores gate_up for its zero experts too
-                rows = tokens * min(k, n) / n
+                rows = tokens * min(k, n) / n * uses
+                if uses > 1:
+                    reused.append(path.rsplit(".", 1)[-1])
             elif _expert_tensors(owner) and p.dim() == 3:
                 k = top_k.get(representative(path), default_k)
                 if not k:

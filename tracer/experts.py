@@ -130,9 +130,13 @@ def routed_experts(self, hidden_states, top_k_index, top_k_weights, *args, **kwa
                           width // 2 if gated else width, gated, [up, self.down_proj])
 
 
-def routed_aria_experts(self, hidden_states, router_logits):
-    """Aria's grouped-GEMM experts (sequential per-expert loops in HF): router top-k, then one routed op."""
-    top_k_index, _ = self.route_tokens_to_experts(router_logits)
+def routed_aria_experts(self, hidden_states, router_logits, *args, **kwargs):
+    """Aria's grouped-GEMM experts (sequential per-expert loops in HF): router top-k, then one routed op. Later
+    transformers releases pass (hidden, top_k_index, top_k_weights) instead of the router logits."""
+    if router_logits.is_floating_point():
+        top_k_index, _ = self.route_tokens_to_experts(router_logits)
+    else:
+        top_k_index = router_logits
     weight = self.fc1.weight   # [E, hidden, 2 x inter]
     return _record_routed(self, hidden_states, top_k_index.shape[-1], weight.shape[0], weight.shape[-1] // 2, True,
                           [weight, self.fc2.weight])
@@ -183,7 +187,7 @@ def routed_parallel_experts(self, inputs, expert_size):
                    [out], bytes_read=weight_bytes + rows * in_width * act, bytes_written=rows * out_width * act,
                    weight_bytes=weight_bytes,
                    gemm=GemmShape(m=max(1, round(rows / experts)), n=out_width, k=in_width, batch=max(1, round(active))))
-        rec.expert_params[id(self.weight)] = (top_k, experts)
+        rec.mark_expert_weight(self.weight, top_k, experts)
     return out
 
 

@@ -25,6 +25,8 @@ class MetaKVLayer(CacheLayerMixin):
         super().__init__()
         self.context_length = context_length
         self.is_initialized = True
+        # nothing stored yet (what a layer with no cached tokens holds, e.g. Mllama's cross-attention without images)
+        self.keys = self.values = torch.empty(0, device="meta")
 
     def lazy_initialization(self, key_states, value_states):
         pass
