@@ -249,3 +249,18 @@ def test_recurrent_ops_priced_and_noted_by_text_generate(tmp_path, capsys):
     assert tg_main([tiny(tmp_path, "mamba2"), "--device", "h100", "--decode", "-c", "100", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["memory_gb"]["state_cache"] > 0 and any("checkpointed the state" in n for n in out["notes"])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_grouped_mm_experts_trace_in_any_dtype(tmp_path, monkeypatch, dtype):
+    """torch's meta _grouped_mm accepts bf16 only; the experts op stands for it, so other dtypes trace too."""
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    folder = tiny(tmp_path, "qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                  num_experts_per_tok=2, vocab_size=100)
+    spec = resolve_model(folder)
+    t, ref = trace(spec, PREFILL, TraceOptions(dtype=dtype)), trace(spec, PREFILL, TraceOptions(dtype="bf16"))
+    _assert_checks(t)
+    experts = [op for op in t.ops if op.experts is not None]
+    assert experts and sum(op.count for op in experts) == 2
+    assert t.flops_by_class()["gemm"] == pytest.approx(ref.flops_by_class()["gemm"], rel=1e-9)

@@ -123,8 +123,8 @@ class Recorder(TorchDispatchMode):
         self._buffers = WeakIdKeyDictionary()
         self.params_read: dict[int, set[str]] = {}  # id of a parameter -> classes of the recorded ops that read it
         self.param_rows: dict[int, list[float]] = {}  # id of a parameter -> rows of each GEMM that multiplied it
-        # id of a routed experts' weight -> (top_k, experts) of the op that read it
-        self.expert_params: dict[int, tuple[int, int]] = {}
+        # id of a routed experts' weight -> (top_k, experts, ops that read it) of the routed ops that read it
+        self.expert_params: dict[int, tuple[int, int, int]] = {}
         self._last_roots: list = []
         for p in model.parameters():
             self._params[p] = True
@@ -220,7 +220,7 @@ class Recorder(TorchDispatchMode):
         reads, read_total, weights, operand = self._reads(inputs, op_class)
         if experts is not None:
             for root in self._last_roots:
-                self.expert_params[id(root)] = (experts.top_k, experts.num_experts)
+                self.mark_expert_weight(root, experts.top_k, experts.num_experts)
         raw = self._new_raw(name, op_class, "matrix" if op_class != OTHER else "vector", flops,
                             dtype_name(inputs[0].dtype) if inputs else "bf16",
                             tuple(tuple(t.shape) for t in inputs), tuple(outputs[0].shape) if outputs else (),
@@ -234,11 +234,19 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        name = op_formulas.op_base_name(func)
+        if name in ("_grouped_mm", "grouped_mm") and self.pending_experts is not None:
+            # the experts op stands for this GEMM, so only its shape is needed; torch's meta kernel would also
+            # refuse anything but bf16 (fp16 and fp32 traces failed here)
+            a, b = args[0], args[1]
+            out = a.new_empty(a.shape[0], b.shape[-1])
+            if not self._suppress:
+                self._record_experts(args, [out])
+            return out
         out = func(*args, **kwargs)
         if self._suppress:
             return out
         flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        name = op_formulas.op_base_name(func)
         if op_formulas.is_view(func):
             flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
             if flat_in:
@@ -253,9 +261,6 @@ class Recorder(TorchDispatchMode):
                 self.inline.follow_view(src, flat_out)
             return out
         if name in op_formulas.FREE or name.startswith("_local_scalar"):
-            return out
-        if name in ("_grouped_mm", "grouped_mm") and self.pending_experts is not None:
-            self._record_experts(args, flat_out)
             return out
         work = op_formulas.work_for(func, args, kwargs, out)
         if work is None:
@@ -298,6 +303,11 @@ class Recorder(TorchDispatchMode):
         self._append(raw, flat_out)
         return out
 
+    def mark_expert_weight(self, weight, top_k: int, num_experts: int) -> None:
+        """A routed-experts op read this weight (once more): the FLOP identity expects top_k / E of the tokens."""
+        uses = self.expert_params.get(id(weight), (0, 0, 0))[2]
+        self.expert_params[id(weight)] = (top_k, num_experts, uses + 1)
+
     def _record_experts(self, args, outputs) -> None:
         """HF's expert GEMMs: the first becomes the layer's expected-work op, the second is part of it."""
         pending = self.pending_experts
@@ -305,7 +315,7 @@ class Recorder(TorchDispatchMode):
             root = self._weight_of.get(weight)
             if root is not None:
                 self.params_read.setdefault(id(root), set()).add(GEMM)
-                self.expert_params[id(root)] = (pending.work.top_k, pending.work.num_experts)
+                self.mark_expert_weight(root, pending.work.top_k, pending.work.num_experts)
         if getattr(pending, "recorded", False):
             for t in outputs:  # the down projection: its output comes from the experts op
                 self._producer[t] = len(self.ops) - 1
