@@ -264,3 +264,15 @@ def test_grouped_mm_experts_trace_in_any_dtype(tmp_path, monkeypatch, dtype):
     experts = [op for op in t.ops if op.experts is not None]
     assert experts and sum(op.count for op in experts) == 2
     assert t.flops_by_class()["gemm"] == pytest.approx(ref.flops_by_class()["gemm"], rel=1e-9)
+
+
+def test_refusals_say_what_is_unsupported(tmp_path, capsys):
+    """A forward with no KV cache, and routed experts with no top-k, are named rather than passed through."""
+    assert tracer_main([tiny(tmp_path, "openai-gpt", n_embd=64, n_layer=2, n_head=4, vocab_size=100),
+                        "-q", "8", "-c", "16"]) == 2
+    assert "forward keeps no KV cache, so a step over 16 cached tokens" in capsys.readouterr().err
+    assert tracer_main([tiny(tmp_path, "deepseek_v2", **{**TINY["phi3"], "n_routed_experts": 4,
+                                                         "moe_intermediate_size": 32, "num_experts_per_tok": None}),
+                        "-q", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "4 routed experts but no num_experts_per_tok" in err

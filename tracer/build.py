@@ -128,6 +128,17 @@ def register_legacy_attention_classes(auto, config) -> None:
 _BUILD_CACHE: OrderedDict = OrderedDict()
 
 
+_EXPERT_COUNTS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+
+
+def _check_routing(name: str, text_config) -> None:
+    """A config with routed experts but no top-k (DeepSeek-V2's defaults): HF's router cannot run it either."""
+    experts = next((getattr(text_config, a) for a in _EXPERT_COUNTS if getattr(text_config, a, None)), None)
+    if experts and hasattr(text_config, "num_experts_per_tok") and text_config.num_experts_per_tok is None:
+        raise ModelError(f"unsupported: {name}: the config has {experts} routed experts but no num_experts_per_tok "
+                         f"(experts per token), so routing is undefined; set it in config.json")
+
+
 def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed", trust_remote_code: bool = False,
                 dedup_layers: bool = True) -> BuiltModel:
     """The model on meta, with tracecost's attention and experts implementations; cached per config.
@@ -149,6 +160,7 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
         config.is_decoder = True
         notes.append(f"{type(config).__name__} has is_decoder=False; traced as a decoder (causal attention, KV cache), "
                      f"as its causal-LM class generates")
+    _check_routing(spec.name, config.get_text_config())
     implementation = attention_implementation(auto, config)
     register_legacy_attention_classes(auto, config)
     try:

@@ -80,6 +80,9 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
     kv_size = DTYPE_BYTES[kv_dtype]
+    if request.context_length > 0 and not _takes_cache(built.model):
+        raise ModelError(f"unsupported: {spec.name}: {type(built.model).__name__}'s forward keeps no KV cache, so a "
+                         f"step over {request.context_length} cached tokens cannot be traced (context 0 can)")
     if options.dedup_layers:
         from .checks import dedup_verdict
         from .layers import DEDUP, FULL, PROBE
@@ -173,12 +176,20 @@ class Run:
     checks: dict[str, str] = field(default_factory=dict)
 
 
+_CACHE_ARGUMENTS = ("past_key_values", "cache", "cache_params")  # by release and family
+
+
+def _takes_cache(model) -> bool:
+    import inspect
+    return any(n in inspect.signature(model.forward).parameters for n in _CACHE_ARGUMENTS)
+
+
 def _forward_kwargs(model, cache, logits_rows: int | None) -> dict:
     """The cache under the name the model's forward takes it, and logits_to_keep where it is accepted."""
     import inspect
     params = inspect.signature(model.forward).parameters
     kwargs = {"use_cache": True}
-    name = next((n for n in ("past_key_values", "cache", "cache_params") if n in params), None)  # by release
+    name = next((n for n in _CACHE_ARGUMENTS if n in params), None)
     if name is not None:
         kwargs[name] = cache
     if "logits_to_keep" in params:
