@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cost.execution import EXECUTIONS
+from cost.engines import DEFAULT_ENGINE, ENGINES
+from cost.execution import EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
 from cost.profile import ProfileError
 from tracer.__main__ import ArgumentParser, add_model_arguments, trace_options
 from tracer.model_source import ModelError
@@ -43,7 +44,12 @@ def positive_int(text: str) -> int:
 def add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", required=True, help="hardware profile name/alias (python -m hw_profiles) or .json path")
     p.add_argument("--execution", default="engine", choices=EXECUTIONS,
-                   help="engine: fused kernels as vLLM/SGLang run them (default); eager: HF transformers, unfused")
+                   help="engine: a serving engine's kernels (default); eager: HF transformers, unfused")
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES),
+                   help=f"serving engine whose fitted kernel models price the step (default {DEFAULT_ENGINE})")
+    p.add_argument("--ep-style", default=EP_ALL_TOKENS, choices=EP_STYLES,
+                   help="expert parallelism: all-tokens (vLLM's default: every rank routes every token, partial "
+                        "outputs all-reduced) or dispatch (DeepEP-style all-to-all to the experts' ranks)")
 
 
 def warn(message: str) -> None:

@@ -1,6 +1,9 @@
-"""Fit a profile's efficiency parameters to measured kernel times, and write them into the profile.
+"""Fit a profile's kernel models to measured kernel times: HF eager scenarios, or an engine's kernel tables.
 
-    python -m cost.calibrate ../shared/measurements/h200 [--profile h200] [--dry-run]
+    python -m cost.calibrate ../shared/measurements/h200 [--profile h200] [--output F | --write-profile]
+    python -m cost.calibrate --kernel-db DIR --system h100_sxm --engine vllm [--output F | --write-profile]
+
+The engine path is `cost/calibrate_engine.py`. What follows is the HF eager fit:
 
 Each parameter group is fitted on the measurements that depend on it, with the others fixed:
 dense GEMMs on the dense models' GEMM time and the large-M microbenchmarks, grouped (MoE) GEMMs
@@ -25,7 +28,7 @@ from tracer.work import ATTENTION, GEMM, OTHER, GemmShape, Request, TraceOptions
 from .estimate import price_kernel
 from .execution import EAGER, build_kernels
 from .kernels import gemm_time
-from .profile import Efficiency, HardwareProfile, load_profile, profiles_dir
+from .profile import Efficiency, HardwareProfile, ProfileError, load_profile, profiles_dir
 
 MEASURED_OTHER = ("elementwise", "copy", "reduce_index")
 
@@ -209,37 +212,104 @@ def efficiency_json(eff: Efficiency, origin: str) -> dict:
             "communication": eff.communication, "eager_host_us": eff.eager_host_us}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cost.calibrate", description=__doc__.split("\n")[0])
-    p.add_argument("measurements", help="folder with microbench.json, scenarios.json and model_configs.json")
-    p.add_argument("--profile", default="h200", help="bundled profile to fit and rewrite (default h200)")
-    p.add_argument("--dry-run", action="store_true", help="print the fit, do not write the profile")
-    args = p.parse_args(argv)
+def eager_error(hw: HardwareProfile, scenarios: list[Scenario]) -> float:
+    """Median absolute log error of the eager kernel total over the scenarios: the number a refit must beat."""
+    errors = sorted(abs(math.log(max(predict_ms(s, hw)["total"], 1e-9) / s.measured_ms["total"]))
+                    for s in scenarios if s.measured_ms["total"] > 0)
+    return errors[len(errors) // 2] if errors else float("inf")
+
+
+def run_eager(args) -> int:
     directory = Path(args.measurements)
     for name in ("microbench.json", "scenarios.json", "model_configs.json"):
         if not (directory / name).is_file():
             print(f"error: {directory / name} not found", file=sys.stderr)
             return 2
-    hw = load_profile(args.profile)
+    hw = load_profile(args.profile or "h200")
 
     def progress(i, n):
         print(f"\rtracing scenarios {i}/{n}", end="", file=sys.stderr, flush=True)
 
     scenarios = load_scenarios(directory, progress)
     print(file=sys.stderr)
+    if len(scenarios) < 8:
+        print(f"error: {directory}: {len(scenarios)} usable scenarios; a fit needs at least 8", file=sys.stderr)
+        return 2
+    if any(v < 0 for s in scenarios for v in s.measured_ms.values()):
+        print(f"error: {directory}: negative measured times", file=sys.stderr)
+        return 2
     microbench = json.loads((directory / "microbench.json").read_text())
     fitted = Fitter(hw, scenarios, microbench).run()
     origin = (f"fitted by python -m cost.calibrate on {directory.name} ({len(scenarios)} scenarios, "
               f"{len(microbench.get('bf16_linear', []))} GEMM microbenchmarks)")
     eff = efficiency_json(fitted.efficiency, origin)
-    print(json.dumps(eff, indent=1))
-    if not args.dry_run:
-        path = profiles_dir() / f"{hw.key}.json"
-        data = json.loads(path.read_text())
-        data["efficiency"] = eff
-        path.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"wrote {path}", file=sys.stderr)
+    if args.dry_run:
+        print(json.dumps(eff, indent=1))
+        return 0
+    before, after = eager_error(hw, scenarios), eager_error(fitted, scenarios)
+    return write_result(hw, "efficiency", eff, args, f"median eager error {before * 100:.1f}% -> {after * 100:.1f}%",
+                        after <= before * 1.001)
+
+
+def write_result(hw: HardwareProfile, section: str, value: dict, args, comparison: str, better: bool) -> int:
+    """Write the profile with `section` replaced to --output (a new file by default); replace the bundled
+    profile only with --write-profile, and only when the fit beats the current one on the same data."""
+    source = profiles_dir() / f"{hw.key}.json"
+    data = json.loads(source.read_text()) if source.is_file() else json.loads(Path(hw.path).read_text())
+    if section == "efficiency":
+        data["efficiency"] = value
+    else:
+        data.setdefault("engines", {})
+        if "from" in data["engines"]:
+            data["engines"] = {}
+        data["engines"][section] = value
+    text = json.dumps(data, indent=1) + "\n"
+    output = Path(args.output or f"calibrated-{hw.key}-{section}.json")
+    if output.resolve() == source.resolve():
+        print("error: --output would overwrite the bundled profile; use --write-profile", file=sys.stderr)
+        return 2
+    output.write_text(text)
+    print(f"wrote {output} ({comparison})", file=sys.stderr)
+    if args.write_profile:
+        if not better:
+            print(f"not replacing {source}: the fit is not better than the current profile ({comparison})",
+                  file=sys.stderr)
+            return 1
+        source.write_text(text)
+        print(f"replaced {source}", file=sys.stderr)
     return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cost.calibrate", description=__doc__.split("\n")[0])
+    p.add_argument("measurements", nargs="?", help="HF-eager measurements: folder with microbench.json, "
+                                                   "scenarios.json and model_configs.json")
+    p.add_argument("--kernel-db", metavar="PATH", help="engine kernel tables: the aiconfigurator-core wheel or its "
+                                                       "folder (see cost/kernel_db.py)")
+    p.add_argument("--system", help="with --kernel-db: the tables' system, e.g. h100_sxm")
+    p.add_argument("--engine", default="vllm", help="with --kernel-db: vllm, sglang or trtllm (default vllm)")
+    p.add_argument("--profile", default=None, help="bundled profile to fit (default: h200, or the system's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fit/held-out split (default 0)")
+    p.add_argument("--fit-fraction", type=float, default=0.5, help="share of each table used to fit (default 0.5)")
+    p.add_argument("--only", default=None, metavar="T1,T2",
+                   help="with --kernel-db: refit only these tables (gemm, prefill_attention, decode_attention, moe, "
+                        "custom_allreduce, nccl, quant), keeping the profile's other fits")
+    p.add_argument("--output", default=None, help="where to write the calibrated profile (default: a new file "
+                                                  "calibrated-PROFILE-SECTION.json)")
+    p.add_argument("--write-profile", action="store_true",
+                   help="also replace the bundled profile, if the fit beats it on the same data")
+    p.add_argument("--dry-run", action="store_true", help="print the fit, write nothing")
+    args = p.parse_args(argv)
+    try:
+        if args.kernel_db:
+            from .calibrate_engine import run_engine
+            return run_engine(args)
+        if not args.measurements:
+            p.error("give a measurements folder (HF eager) or --kernel-db PATH --system NAME (engines)")
+        return run_eager(args)
+    except (ProfileError, ModelError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

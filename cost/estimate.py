@@ -6,8 +6,12 @@ from dataclasses import dataclass, field
 
 from tracer.work import ATTENTION, GEMM, OTHER, Trace
 
-from .execution import ENGINE, Kernel, build_kernels
+from .engines import DEFAULT_ENGINE, ENGINES
+from .execution import EAGER, ENGINE, EP_ALL_TOKENS, EP_DISPATCH, Kernel, build_kernels
 from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, experts_time, gemm_time, stream_time
+from .engine_kernels import allreduce_time, nearest_curve
+from .engine_kernels import stream_time as stream_engine
+from .engine_pricing import price_engine_kernel
 from .parallel import all_reduce_seconds, all_to_all_seconds
 from .profile import HardwareProfile
 from .recurrent import state_time
@@ -20,6 +24,8 @@ BREAKDOWN_CLASSES = (GEMM, ATTENTION, COMMUNICATION, OTHER)
 class Parallelism:
     tp: int = 1
     ep: int = 1
+    ep_style: str = EP_ALL_TOKENS   # how expert parallelism moves tokens (cost/execution.py)
+    pp: int = 1                     # pipeline stages; a step's layers are split over them
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class Estimate:
     num_kernels: int
     host_s: float = 0.0        # CPU time to launch the step's kernels
     kernels: list[PricedKernel] = field(default_factory=list)
+    engine: str | None = None  # the serving engine whose kernel models priced it (engine execution)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:
@@ -67,6 +75,7 @@ class Estimate:
 
 
 def price_kernel(k: Kernel, hw: HardwareProfile) -> KernelTime:
+    """HF eager kernels, with the eager fit (`efficiency` section of the profile)."""
     op = k.op
     if op is not None and op.experts is not None:
         return experts_time(k.flops, k.bytes, op.experts, op.dtype, hw)
@@ -79,7 +88,7 @@ def price_kernel(k: Kernel, hw: HardwareProfile) -> KernelTime:
     return stream_time(k.flops, k.bytes, k.dtype, hw, broadcast=k.broadcast)
 
 
-def communication_seconds(trace: Trace, par: Parallelism, hw: HardwareProfile, act_bytes: int = 2) -> float:
+def _eager_communication(trace: Trace, par: Parallelism, hw: HardwareProfile, act_bytes: int = 2) -> float:
     """Two all-reduces per layer under TP; all-to-all dispatch and combine per MoE layer under EP."""
     tokens = trace.request.tokens
     hidden_bytes = tokens * trace.hidden_size * act_bytes
@@ -97,25 +106,116 @@ def communication_seconds(trace: Trace, par: Parallelism, hw: HardwareProfile, a
     return total
 
 
-def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Parallelism = Parallelism()) -> Estimate:
-    kernels = build_kernels(trace, execution, par.tp, par.ep)
-    priced = [PricedKernel(k, price_kernel(k, hw)) for k in kernels]
+def engine_allreduce_seconds(nbytes: float, gpus: int, hw: HardwareProfile, engine: str,
+                             notes: list[str] | None = None) -> float:
+    """An all-reduce as the engine runs it: its custom all-reduce when the message and machine allow, else NCCL;
+    priced by the fitted curves when the device has them, else by the ring model on the interconnect."""
+    if gpus <= 1 or nbytes <= 0:
+        return 0.0
+    spec = ENGINES[engine]
+    nvlink = "nvlink" in hw.interconnect_name.lower()
+    custom = (nbytes <= spec.custom_allreduce_max_bytes and gpus in spec.custom_allreduce_gpus
+              and (nvlink or gpus <= spec.pcie_custom_allreduce_max_gpus))
+    curves = hw.engine(engine).allreduce
+    for impl in (("custom", "nccl") if custom else ("nccl",)):
+        if impl in curves:
+            curve, fitted_gpus = nearest_curve(curves[impl], gpus)
+            if notes is not None and fitted_gpus != gpus:
+                notes.append(f"all-reduce over {gpus} GPUs priced from the {fitted_gpus}-GPU {impl} curve")
+            return float(allreduce_time(curve, nbytes, gpus).seconds)
+    if notes is not None:
+        notes.append("all-reduce priced by the ring model on the interconnect (no fitted curve for this device)")
+    return all_reduce_seconds(nbytes, gpus, hw)
+
+
+def _engine_communication(trace: Trace, par: Parallelism, hw: HardwareProfile, engine: str, notes: list[str],
+                          act_bytes: int = 2) -> float:
+    """Attention and MLP outputs are all-reduced over TP. Under all-tokens EP a MoE layer's partial outputs are
+    all-reduced the same way; dispatch-style EP moves each rank's pairs by all-to-all instead."""
+    hidden_bytes = trace.request.tokens * trace.hidden_size * act_bytes
+    moe_layers = sum(op.count for op in trace.ops if op.experts is not None)
+    group = max(par.tp, par.ep)
+    reduces = 2 * trace.num_layers
+    total = 0.0
+    if par.ep > 1 and par.ep_style == EP_DISPATCH:
+        reduces -= moe_layers
+        for op in trace.ops:
+            if op.experts is not None:
+                routed = op.experts.tokens * op.experts.top_k * op.experts.hidden_size * act_bytes / par.ep
+                total += 2 * op.count * all_to_all_seconds(routed, par.ep, hw)
+        notes.append("dispatch-style EP: tokens reach only their experts' ranks by all-to-all (ring model)")
+    if group > 1:
+        total += reduces * engine_allreduce_seconds(hidden_bytes, group, hw, engine, notes)
+    return total
+
+
+def communication_seconds(trace: Trace, par: Parallelism, hw: HardwareProfile, act_bytes: int = 2) -> float:
+    return _eager_communication(trace, par, hw, act_bytes)
+
+
+def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Parallelism = Parallelism(),
+             engine: str = DEFAULT_ENGINE) -> Estimate:
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine '{engine}' (choose from {', '.join(ENGINES)})")
+    kernels = build_kernels(trace, execution, par.tp, par.ep, ep_style=par.ep_style)
+    notes: list[str] = []
+    if execution == EAGER:
+        priced = [PricedKernel(k, price_kernel(k, hw)) for k in kernels]
+        comm = _eager_communication(trace, par, hw)
+    else:
+        cal = hw.engine(engine)
+        weight_dtype = trace.options.dtype
+        priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, weight_dtype, trace.kv_element_size))
+                  for k in kernels]
+        comm = _engine_communication(trace, par, hw, engine, notes)
+        notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
+        notes += [f"{ENGINES[engine].label} kernels: {s}" for s in cal.inherited]
+        if any(k.op is not None and k.op.state is not None for k in kernels):
+            notes.append("recurrent mixer kernels (SSM scans, linear attention, short convolutions): roofline "
+                         "estimate (cost/recurrent.py), no fitted engine kernel model")
     breakdown = {c: 0.0 for c in BREAKDOWN_CLASSES}
     bound = {COMPUTE: 0.0, MEMORY: 0.0, OVERHEAD: 0.0}
     for pk in priced:
         breakdown[pk.kernel.op_class] += pk.total_seconds
         bound[pk.time.bound] += pk.total_seconds
-    comm = communication_seconds(trace, par, hw)
     breakdown[COMMUNICATION] = comm
     launches = sum(k.count for k in kernels)
     return Estimate(device=hw.name, execution=execution, parallelism=par, latency_s=sum(breakdown.values()),
                     breakdown_s=breakdown, bound_s=bound, flops=sum(k.flops * k.count for k in kernels),
                     bytes=sum(k.bytes * k.count for k in kernels), num_kernels=launches,
-                    host_s=host_seconds(trace, execution, launches, hw), kernels=priced)
+                    host_s=host_seconds(trace, execution, launches, hw), kernels=priced,
+                    engine=engine if execution == ENGINE else None, notes=list(dict.fromkeys(notes)))
+
+
+def sampling_seconds(rows: float, vocab: int, hw: HardwareProfile, engine: str = DEFAULT_ENGINE) -> float:
+    """Sampling `rows` next tokens: the fp32 logits are read for the softmax and again for top-k/top-p."""
+    if rows <= 0:
+        return 0.0
+    cal = hw.engine(engine)
+    t = stream_engine(cal.elementwise, hw.bandwidth, hw.l2_bytes, 2 * rows * vocab * 4.0, rows * 8.0)
+    return float(t.seconds)
+
+
+_PRICE_CACHE: dict = {}
+
+
+def _cached_engine_price(k: Kernel, hw: HardwareProfile, cal, weight_dtype: str, kv_bytes: float) -> KernelTime:
+    """Engine kernels of equal shape cost the same; layouts and steps repeat shapes, so price each once."""
+    op = k.op
+    if op is not None and op.state is not None:  # no engine kernel model for recurrent mixers: the roofline
+        return state_time(k.flops, k.bytes, op.state, op.dtype, hw)
+    shape = (k.gemm, k.moe, op.attention if op is not None else None, k.op_class, k.bytes if k.gemm is None else 0)
+    key = (hw.path or hw.key, id(cal), weight_dtype, kv_bytes, shape)
+    if key not in _PRICE_CACHE:
+        if len(_PRICE_CACHE) > 200_000:
+            _PRICE_CACHE.clear()
+        _PRICE_CACHE[key] = price_engine_kernel(k, hw, cal, weight_dtype, kv_bytes)
+    return _PRICE_CACHE[key]
 
 
 def host_seconds(trace: Trace, execution: str, launches: int, hw: HardwareProfile) -> float:
-    """HF eager pays Python dispatch per op; an engine launches each kernel, and replays decode as a CUDA graph."""
+    """HF eager pays Python dispatch per op. An engine replays its steps as CUDA graphs (the fitted kernel times
+    are graph replays); the serving model adds eager launches for batches beyond the captured sizes."""
     if execution != ENGINE:
         return launches * hw.efficiency.eager_host_us * 1e-6
-    return 0.0 if trace.request.decode else launches * hw.kernel_launch_us * 1e-6
+    return 0.0

@@ -1,9 +1,11 @@
 """From traced ops to the kernels an executor launches: HF eager (one kernel per op) or a serving engine.
 
 Engine execution (vLLM / SGLang / TensorRT-LLM): one GEMM for q/k/v and for gate/up (GEMMs that read
-the same input with the same K merge), flash attention for every prefill including over a cached
-prefix, and the norm / rotary / activation / residual / cast ops of a layer fused into one kernel
-each, priced by the bytes that cross the fused kernel's boundary.
+the same input with the same K merge), paged flash attention for every prefill including over a cached
+prefix, writing the new K/V into the cache itself (no separate KV-write kernel), one fused-MoE layer
+per routed-experts block (routing, permutation, grouped GEMMs, activation and combine in one call), and
+the norm / rotary / activation / residual / cast ops of a layer fused into one kernel each, priced by
+the bytes that cross the fused kernel's boundary.
 """
 from __future__ import annotations
 
@@ -14,6 +16,24 @@ from tracer.work import ATTENTION, GEMM, OTHER, GemmShape, Op, Trace
 
 ENGINE, EAGER = "engine", "eager"
 EXECUTIONS = (ENGINE, EAGER)
+# expert parallelism: vLLM's default sends every token through every rank's routing and permutation and
+# all-reduces the partial outputs; dispatch-style EP (DeepEP) sends each rank only its pairs by all-to-all
+EP_ALL_TOKENS, EP_DISPATCH = "all-tokens", "dispatch"
+EP_STYLES = (EP_ALL_TOKENS, EP_DISPATCH)
+
+
+@dataclass(frozen=True)
+class MoeCall:
+    """One rank's fused-MoE layer: `tokens` reach its routing; it holds experts / ep experts, inter / tp of each."""
+    tokens: int
+    hidden: int
+    inter: int
+    experts: int
+    top_k: int
+    gated: bool
+    tp: int
+    ep: int
+    style: str
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,7 @@ class Kernel:
     masked: bool = False     # attention over a cached prefix through an explicit-bias kernel
     ops: int = 1             # traced ops this kernel stands for
     broadcast: bool = False  # unfused elementwise kernel with a broadcast input
+    moe: MoeCall | None = None  # engine execution: the fused-MoE layer this kernel is
 
 
 def _shard_op(op: Op, tp: int, ep: int, act_bytes: int, kv_bytes: float) -> Op:
@@ -79,10 +100,47 @@ def _mergeable_gemm(kernels: list[Kernel], op: Op, lookback: int = 4) -> int | N
     return None
 
 
-def _engine_kernels(ops: list[Op]) -> list[Kernel]:
+def _moe_blocks(ops: list[Op]) -> dict[str, str]:
+    """experts module -> its MoE block (the module holding the router and the experts)."""
+    return {op.module: op.module.rsplit(".", 1)[0] for op in ops if op.experts is not None}
+
+
+def _fused_moe_block(op: Op, blocks: dict[str, str]) -> str | None:
+    """The MoE block whose fused layer performs this routing / permutation / activation / combine op, if any."""
+    if op.op_class != OTHER:
+        return None
+    for experts, block in blocks.items():
+        if op.module.startswith(experts) or op.module == block or \
+                (op.module.startswith(block + ".") and "shared" not in op.module):
+            return block
+    return None
+
+
+def _moe_call(op: Op, tp: int, ep: int, style: str) -> MoeCall:
+    w = op.experts
+    tokens = w.tokens if style == EP_ALL_TOKENS else max(1, round(w.tokens * w.top_k / ep))
+    return MoeCall(tokens=tokens, hidden=w.hidden_size, inter=w.intermediate_size, experts=w.num_experts,
+                   top_k=w.top_k if style == EP_ALL_TOKENS else 1, gated=w.gated, tp=1 if ep > 1 else tp, ep=ep,
+                   style=style)
+
+
+def _engine_kernels(ops: list[Op], tp: int = 1, ep: int = 1, ep_style: str = EP_ALL_TOKENS) -> list[Kernel]:
     kernels: list[Kernel] = []
     fused_at: dict[str, int] = {}  # fusion key -> index of its kernel; members need not be adjacent
+    blocks = _moe_blocks(ops)
+    # ops an engine kernel performs itself: the attention kernel writes the cache, the fused-MoE layer
+    # routes, permutes and combines; their work joins that kernel (counted once, never dropped)
+    absorbed: dict[tuple, list[Op]] = {}
     for op in ops:
+        block = _fused_moe_block(op, blocks)
+        if op.kv_cache_write or block is not None:
+            key = ("moe", block) if block is not None else ("attention", op.layer, op.module)
+            absorbed.setdefault(key, []).append(op)
+            continue
+        if op.experts is not None:
+            kernels.append(Kernel(name="fused_moe", op_class=GEMM, module=op.module, flops=op.flops, bytes=op.bytes,
+                                  dtype=op.dtype, count=op.count, op=op, moe=_moe_call(op, tp, ep, ep_style)))
+            continue
         if op.op_class == OTHER and op.fusion_key is not None:
             if op.fusion_key in fused_at:
                 j = fused_at[op.fusion_key]
@@ -103,18 +161,33 @@ def _engine_kernels(ops: list[Op]) -> list[Kernel]:
             continue
         kernels.append(Kernel(name=op.name, op_class=op.op_class, module=op.module, flops=op.flops, bytes=op.bytes,
                               dtype=op.dtype, count=op.count, gemm=op.gemm, op=op))
+    for i, k in enumerate(kernels):
+        key = (("moe", blocks[k.module]) if k.moe is not None
+               else ("attention", k.op.layer, k.op.module) if k.op is not None and k.op.attention is not None else None)
+        if key in absorbed:
+            extra = absorbed.pop(key)
+            kernels[i] = replace(k, flops=k.flops + sum(o.flops for o in extra), ops=k.ops + len(extra))
+    for leftover in absorbed.values():  # no kernel to join (an unusual module layout): keep them as they are
+        kernels += [Kernel(name=o.name, op_class=o.op_class, module=o.module, flops=o.flops, bytes=o.bytes,
+                           dtype=o.dtype, count=o.count, op=o) for o in leftover]
     return kernels
 
 
-def build_kernels(trace: Trace, execution: str, tp: int = 1, ep: int = 1, act_bytes: int = 2) -> list[Kernel]:
+def build_kernels(trace: Trace, execution: str, tp: int = 1, ep: int = 1, act_bytes: int = 2,
+                  ep_style: str = EP_ALL_TOKENS) -> list[Kernel]:
     if execution not in EXECUTIONS:
         raise ValueError(f"unknown execution '{execution}' (choose from {', '.join(EXECUTIONS)})")
+    if ep_style not in EP_STYLES:
+        raise ValueError(f"unknown expert-parallel style '{ep_style}' (choose from {', '.join(EP_STYLES)})")
     kv_bytes = trace.kv_element_size
-    ops = [_shard_op(op, tp, ep, act_bytes, kv_bytes) for op in trace.ops]
     if execution == EAGER:
+        ops = [_shard_op(op, tp, ep, act_bytes, kv_bytes) for op in trace.ops]
         request = trace.request
         return _eager_kernels(ops, masked_attention=request.context_length > 0 and request.query_length > 1)
-    return _engine_kernels(ops)
+    # the fused-MoE kernel model takes the global expert shape and the layout itself
+    ops = [op if op.experts is not None else _shard_op(op, tp, ep, act_bytes, kv_bytes) for op in trace.ops]
+    return _engine_kernels(ops, tp, ep, ep_style)
 
 
-__all__ = ["ATTENTION", "EAGER", "ENGINE", "EXECUTIONS", "GEMM", "Kernel", "OTHER", "build_kernels"]
+__all__ = ["ATTENTION", "EAGER", "ENGINE", "EP_ALL_TOKENS", "EP_DISPATCH", "EP_STYLES", "EXECUTIONS", "GEMM", "Kernel",
+           "MoeCall", "OTHER", "build_kernels"]

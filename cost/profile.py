@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from .engine_kernels import EngineCalibration, parse_calibration
+from .engines import DEFAULT_ENGINE, ENGINES
+
 
 class ProfileError(ValueError):
     """A profile that cannot be found or is malformed; the message names the field."""
@@ -73,6 +76,36 @@ class HardwareProfile:
     efficiency: Efficiency
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
+    l2_cache_mb: float = 0.0      # 0: unknown, no L2 residency modelled
+    engines_data: dict = field(default_factory=dict, compare=False, repr=False)   # the raw `engines` section
+
+    @property
+    def l2_bytes(self) -> float:
+        return self.l2_cache_mb * 1e6
+
+    def engine_calibrations(self, seen: tuple = ()) -> dict[str, EngineCalibration]:
+        """Every engine's calibration on this device, inheritance resolved (parsed on first use)."""
+        cached = _ENGINE_CACHE.get(self.path or self.key)
+        if cached is None:
+            raw = self.engines_data if self.engines_data else ({"from": "h100"} if self.key != "h100" else {})
+            cached = _engines(raw, self.path or self.key, seen + (self.key,))
+            _ENGINE_CACHE[self.path or self.key] = cached
+        return cached
+
+    def engine(self, name: str = DEFAULT_ENGINE) -> EngineCalibration:
+        """The engine's kernel models on this device (fitted, or inherited as its `origin` says)."""
+        if name not in ENGINES:
+            raise ProfileError(f"unknown engine '{name}' (choose from {', '.join(ENGINES)})")
+        engines = self.engine_calibrations()
+        if name in engines:
+            return engines[name]
+        if DEFAULT_ENGINE in engines:
+            base = engines[DEFAULT_ENGINE]
+            return EngineCalibration(**{**base.__dict__, "engine": name,
+                                        "origin": f"no {ENGINES[name].label} calibration for {self.name}: "
+                                                  f"{ENGINES[DEFAULT_ENGINE].label}'s ({base.origin})"})
+        raise ProfileError(f"{self.path or self.name}: no engine kernel calibration (add an 'engines' section "
+                           f"or \"engines\": {{\"from\": \"h100\"}})")
 
     def matrix_peak(self, dtype: str) -> float:
         """FLOP/s of the matrix units for dtype; a dtype the chip lacks is an error, never zero."""
@@ -138,9 +171,54 @@ def _efficiency(data: dict, where: str, seen: tuple = ()) -> Efficiency:
                       origin=eff.get("origin", "fitted"), eager_host_us=float(eff.get("eager_host_us", 25.0)))
 
 
+def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
+    """The `engines` section: fitted calibrations, or `{"from": PROFILE}` (whole section or one engine) to inherit.
+    A fitted calibration lacking a section takes it from the device's default engine, and says so."""
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: field 'engines' must be an object")
+    if "from" in raw:
+        parent = _parent(raw["from"], where, "engines", seen)
+        return {name: _inherit(cal, parent) for name, cal in parent.engine_calibrations(seen).items()}
+    out: dict[str, EngineCalibration] = {}
+    for name, body in raw.items():
+        if name not in ENGINES:
+            raise ProfileError(f"{where}: unknown engine 'engines.{name}' (choose from {', '.join(ENGINES)})")
+        if not isinstance(body, dict):
+            raise ProfileError(f"{where}: field 'engines.{name}' must be an object")
+        if "from" in body:
+            parent = _parent(body["from"], where, f"engines.{name}", seen)
+            out[name] = _inherit(parent.engine(name), parent)
+            continue
+        try:
+            out[name] = parse_calibration(name, body, f"engines.{name}")
+        except ValueError as e:
+            raise ProfileError(f"{where}: {e}") from None
+    default = out.get(DEFAULT_ENGINE)
+    for name, cal in out.items():
+        if default is not None and name != DEFAULT_ENGINE:
+            out[name] = cal.merged_over(default, f"this device's {DEFAULT_ENGINE} fit")
+    return out
+
+
+def _parent(name, where: str, field_name: str, seen: tuple) -> "HardwareProfile":
+    if not isinstance(name, str):
+        raise ProfileError(f"{where}: field '{field_name}.from' must be a profile name")
+    if name in seen:
+        raise ProfileError(f"{where}: '{field_name}.from' loops through {name}")
+    return load_profile(name)
+
+
+def _inherit(cal: EngineCalibration, parent: "HardwareProfile") -> EngineCalibration:
+    origin = cal.origin if cal.origin.startswith("carried over") else f"carried over from the {parent.name} fit"
+    return EngineCalibration(**{**cal.__dict__, "origin": origin})
+
+
 def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> HardwareProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: a profile is a JSON object")
+    l2 = data.get("l2_cache_mb", 0.0)
+    if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not 0 <= l2 < 1e5:
+        raise ProfileError(f"{where}: field 'l2_cache_mb' must be a number of MB >= 0")
     return HardwareProfile(
         key=key, name=_require(data, "name", str, where), aliases=tuple(data.get("aliases", [])),
         vendor=data.get("vendor", ""), compute_units=int(_require(data, "compute_units", int, where)),
@@ -153,7 +231,8 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         host_link_name=data.get("host_link", {}).get("name", ""),
         host_link_bandwidth_gbps=_require(data, "host_link.bandwidth_gbps", float, where),
         kernel_launch_us=_require(data, "kernel_launch_us", float, where),
-        efficiency=_efficiency(data, where, seen), sources=data.get("sources", {}), path=where)
+        efficiency=_efficiency(data, where, seen), sources=data.get("sources", {}), path=where,
+        l2_cache_mb=float(l2), engines_data=data.get("engines", {}))
 
 
 def _bundled_keys() -> dict[str, str]:
@@ -174,6 +253,7 @@ def profile_names() -> list[str]:
 
 
 _CACHE: dict[str, HardwareProfile] = {}
+_ENGINE_CACHE: dict[str, dict[str, EngineCalibration]] = {}
 
 
 def load_profile(device: str, seen: tuple = ()) -> HardwareProfile:

@@ -13,6 +13,19 @@ def _fmt(rates: dict[str, float]) -> str:
     return " ".join(f"{k}:{v:g}" for k, v in sorted(rates.items()))
 
 
+def _engines(hw) -> dict:
+    from cost.engines import ENGINES
+    return {name: hw.engine(name) for name in ENGINES}
+
+
+def _engine_summary(hw) -> str:
+    fitted = [name for name, cal in _engines(hw).items() if cal.origin.startswith("fitted")]
+    if fitted:
+        return "fitted: " + ", ".join(fitted)
+    origin = hw.engine("vllm").origin
+    return origin.replace("carried over from the ", "from ").replace(" fit", "")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hw_profiles", description=__doc__)
     p.add_argument("device", nargs="?", help="show one profile (name, alias or .json path)")
@@ -28,21 +41,29 @@ def main(argv=None) -> int:
             "key": hw.key, "name": hw.name, "aliases": list(hw.aliases), "matrix_tflops": hw.matrix_tflops,
             "vector_tflops": hw.vector_tflops, "memory_bandwidth_gbps": hw.memory_bandwidth_gbps,
             "memory_capacity_gb": hw.memory_capacity_gb, "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,
-            "host_link_bandwidth_gbps": hw.host_link_bandwidth_gbps, "efficiency_origin": hw.efficiency.origin,
+            "host_link_bandwidth_gbps": hw.host_link_bandwidth_gbps, "l2_cache_mb": hw.l2_cache_mb,
+            "efficiency_origin": hw.efficiency.origin,
+            "engines": {name: {"origin": cal.origin, "inherited": list(cal.inherited)}
+                        for name, cal in _engines(hw).items()},
             "sources": hw.sources} for hw in profiles], indent=1))
         return 0
     rows = [[hw.key, hw.name, ", ".join(hw.aliases), f"{hw.matrix_tflops.get('bf16', 0):g}",
              f"{hw.matrix_tflops['fp8']:g}" if "fp8" in hw.matrix_tflops else "-",
              f"{hw.memory_bandwidth_gbps / 1000:g}", f"{hw.memory_capacity_gb:g}",
              f"{hw.interconnect_bandwidth_gbps:g}", f"{hw.host_link_bandwidth_gbps:g}",
-             "fitted" if hw.efficiency.origin.startswith("fitted") else "from h200"] for hw in profiles]
+             "fitted" if hw.efficiency.origin.startswith("fitted") else "from h200",
+             _engine_summary(hw)] for hw in profiles]
     print(format_table(["key", "name", "aliases", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "GB",
-                        "link GB/s", "host GB/s", "efficiency"], rows,
+                        "link GB/s", "host GB/s", "eager fit", "engine kernels"], rows,
                        title="dense matrix peaks (no sparsity); link = per direction"))
     if args.device:
         hw = profiles[0]
         print(f"\nmatrix TFLOP/s: {_fmt(hw.matrix_tflops)}\nvector TFLOP/s: {_fmt(hw.vector_tflops)}")
-        print(f"efficiency: {hw.efficiency.origin}")
+        print(f"eager efficiency: {hw.efficiency.origin}")
+        for name, cal in _engines(hw).items():
+            print(f"engine {name}: {cal.origin}")
+            for note in cal.inherited:
+                print(f"  {note}")
         for field, source in hw.sources.items():
             print(f"source {field}: {source}")
     return 0

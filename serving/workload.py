@@ -1,20 +1,22 @@
-"""Serving workloads: presets and JSONL traces, turned into requests with block identities.
+"""Serving workloads: presets turned into requests with block identities.
 
 A block's identity depends on its tokens and every token before it (vLLM's prefix hashing): it is a
 hash chained over the blocks. Segments with the same id are the same token run, so two prompts share
-their leading blocks exactly as far as their leading segments agree, to whole blocks.
+their leading blocks exactly as far as their leading segments agree, to whole blocks. A request's
+output is a segment too: named when a later prompt resends it (a chat answer), unique otherwise.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 
 class WorkloadError(ValueError):
     """A bad workload file or preset argument; the message names the line."""
+
+
+Piece = tuple  # (segment id, start, end): a run of one segment's tokens
 
 
 @dataclass
@@ -25,37 +27,64 @@ class SimRequest:
     output_tokens: int
     segments: list[tuple[str, int]] | None = None     # (id, tokens)
     token_ids: list[int] | None = None
+    session: str | None = None                         # the user/conversation it belongs to, if known
+    output_segment: str | None = None                  # id of the answer when a later prompt resends it
     block_hashes: list[int] = field(default_factory=list)
+    hashed_block_size: int = 0
+
+    def content(self) -> list[tuple[object, int]]:
+        """The prompt then the output as (segment id, tokens) runs."""
+        runs = (list(self.segments) if self.token_ids is None
+                else [(("token", t), 1) for t in self.token_ids])
+        runs.append((self.output_segment or ("output", self.rid), self.output_tokens))
+        return runs
 
     def hash_blocks(self, block_size: int) -> None:
-        """Chain-hash every full block of the prompt; a partial last block has no identity (never hits)."""
+        """Chain-hash every full block of prompt + output; a partial last block has no identity (never hits).
+        The first prompt_tokens // block_size hashes are the prompt's."""
+        if self.hashed_block_size == block_size and self.block_hashes:
+            return
         hashes, prev = [], 0
-        full_blocks = self.prompt_tokens // block_size
-        if self.token_ids is not None:
-            for b in range(full_blocks):
-                prev = hash((prev, tuple(self.token_ids[b * block_size:(b + 1) * block_size])))
+        full_blocks = (self.prompt_tokens + self.output_tokens) // block_size
+        runs = iter(self.content())
+        seg_id, seg_len = next(runs)
+        offset = 0
+        for _ in range(full_blocks):
+            if seg_len - offset >= block_size:   # the whole block is one segment's run
+                prev = hash((prev, ((seg_id, offset, offset + block_size),))) or 1   # 0 means no hash
                 hashes.append(prev)
-        else:
-            pieces = []  # (segment id, start, end) runs of each block
-            seg_iter = iter(self.segments)
-            seg_id, seg_len = next(seg_iter)
-            offset = 0
-            for _ in range(full_blocks):
-                need, pieces = block_size, []
-                while need:
-                    take = min(need, seg_len - offset)
-                    pieces.append((seg_id, offset, offset + take))
-                    offset += take
-                    need -= take
-                    if offset == seg_len:
-                        seg_id, seg_len = next(seg_iter, ("", 0))
-                        offset = 0
-                prev = hash((prev, tuple(pieces)))
-                hashes.append(prev)
+                offset += block_size
+                if offset == seg_len:
+                    seg_id, seg_len = next(runs, ("", 0))
+                    offset = 0
+                continue
+            need, pieces = block_size, []
+            while need:
+                take = min(need, seg_len - offset)
+                pieces.append((seg_id, offset, offset + take))
+                offset += take
+                need -= take
+                if offset == seg_len:
+                    seg_id, seg_len = next(runs, ("", 0))
+                    offset = 0
+            prev = hash((prev, tuple(pieces))) or 1
+            hashes.append(prev)
         self.block_hashes = hashes
+        self.hashed_block_size = block_size
+
+    def pieces(self, tokens: int) -> list[Piece]:
+        """The first `tokens` tokens of prompt + output as runs, for token-granular (radix) matching."""
+        out, left = [], tokens
+        for seg_id, n in self.content():
+            if left <= 0:
+                break
+            take = min(n, left)
+            out.append((seg_id, 0, take))
+            left -= take
+        return out
 
 
-PRESETS = ("shared-system-prompt", "timestamp-first", "multi-turn-chat", "document-qa")
+PRESETS = ("random", "shared-system-prompt", "timestamp-first", "multi-turn-chat", "document-qa")
 
 
 @dataclass(frozen=True)
@@ -67,11 +96,18 @@ class PresetSizes:
     documents: int = 4
     document_tokens: int = 8192
     question_tokens: int = 32
+    input_tokens: int = 512      # the random preset: a fresh prompt of this many tokens per request
 
 
-def _arrivals(n: int, rate: float | None, rng: random.Random) -> list[float]:
+ARRIVALS = ("poisson", "constant")
+
+
+def arrival_times(n: int, rate: float | None, rng: random.Random, process: str = "poisson") -> list[float]:
+    """Open-loop arrival times: Poisson or evenly spaced at `rate` per second; all at 0 without a rate."""
     if not rate:
         return [0.0] * n
+    if process == "constant":
+        return [i / rate for i in range(n)]
     t, out = 0.0, []
     for _ in range(n):
         t += rng.expovariate(rate)
@@ -79,58 +115,37 @@ def _arrivals(n: int, rate: float | None, rng: random.Random) -> list[float]:
     return out
 
 
-def preset(name: str, num_requests: int, rate: float | None, seed: int, sizes: PresetSizes) -> list[SimRequest]:
+def preset(name: str, num_requests: int, rate: float | None, seed: int, sizes: PresetSizes,
+           arrival: str = "poisson") -> list[SimRequest]:
     if name not in PRESETS:
-        raise WorkloadError(f"unknown workload '{name}' (presets: {', '.join(PRESETS)}; or a .jsonl file)")
+        raise WorkloadError(f"unknown workload '{name}' (presets: {', '.join(PRESETS)}; a .jsonl file; "
+                            f"or mooncake:FILE)")
     rng = random.Random(seed)
-    arrivals = _arrivals(num_requests, rate, rng)
+    arrivals = arrival_times(num_requests, rate, rng, arrival)
     out = []
     sessions: dict[int, list[tuple[str, int]]] = {}
     for i in range(num_requests):
-        if name == "shared-system-prompt":
+        session, answer = f"user-{i}", None
+        if name == "random":   # benchmark clients' random prompts: nothing shared
+            segs = [(f"prompt-{i}", sizes.input_tokens)]
+        elif name == "shared-system-prompt":
             segs = [("system", sizes.system_tokens), (f"user-{i}", sizes.user_tokens)]
         elif name == "timestamp-first":
             # a changing token at the very start: every block after it is new
             segs = [(f"timestamp-{i}", 1), ("system", sizes.system_tokens), (f"user-{i}", sizes.user_tokens)]
         elif name == "document-qa":
-            segs = [("system", sizes.system_tokens // 8 or 1), (f"doc-{rng.randrange(sizes.documents)}",
-                                                                sizes.document_tokens), (f"q-{i}", sizes.question_tokens)]
+            doc = rng.randrange(sizes.documents)
+            session = f"doc-{doc}"
+            segs = [("system", sizes.system_tokens // 8 or 1), (f"doc-{doc}", sizes.document_tokens),
+                    (f"q-{i}", sizes.question_tokens)]
         else:  # multi-turn-chat: turn t of a session resends the history plus the previous answers;
             # sessions take turns round-robin, as concurrent users do, so a session's next turn comes late
-            session = i % math.ceil(num_requests / sizes.turns)
-            history = sessions.setdefault(session, [("system", sizes.system_tokens)])
-            segs = history + [(f"user-{session}-{i}", sizes.user_tokens)]
-            sessions[session] = segs + [(f"assistant-{session}-{i}", sizes.output_tokens)]
-        out.append(SimRequest(i, arrivals[i], sum(t for _, t in segs), sizes.output_tokens, segments=segs))
-    return out
-
-
-def load_jsonl(path: str | Path) -> list[SimRequest]:
-    out = []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise WorkloadError(f"cannot read workload {path}: {e}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            arrival, output = float(d["arrival_s"]), int(d["output_tokens"])
-            if "token_ids" in d:
-                ids = [int(x) for x in d["token_ids"]]
-                req = SimRequest(len(out), arrival, len(ids), output, token_ids=ids)
-            else:
-                segs = [(str(s["id"]), int(s["tokens"])) for s in d["segments"]]
-                if any(t < 1 for _, t in segs):
-                    raise ValueError("segment tokens must be >= 1")
-                req = SimRequest(len(out), arrival, sum(t for _, t in segs), output, segments=segs)
-            if req.prompt_tokens < 1 or output < 1 or arrival < 0:
-                raise ValueError("needs >= 1 prompt token, >= 1 output token and arrival_s >= 0")
-        except (ValueError, KeyError, TypeError) as e:
-            raise WorkloadError(f"{path}:{n}: bad request line ({type(e).__name__}: {e})") from None
-        out.append(req)
-    if not out:
-        raise WorkloadError(f"{path}: no requests")
-    out.sort(key=lambda r: r.arrival_s)
+            s = i % math.ceil(num_requests / sizes.turns)
+            session = f"session-{s}"
+            history = sessions.setdefault(s, [("system", sizes.system_tokens)])
+            segs = history + [(f"user-{s}-{i}", sizes.user_tokens)]
+            answer = f"assistant-{s}-{i}"
+            sessions[s] = segs + [(answer, sizes.output_tokens)]
+        out.append(SimRequest(i, arrivals[i], sum(t for _, t in segs), sizes.output_tokens, segments=segs,
+                              session=session, output_segment=answer))
     return out

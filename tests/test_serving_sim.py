@@ -1,13 +1,15 @@
 """Hand-checkable cases of the block-level prefix-cache simulation."""
 import json
+import math
+from pathlib import Path
 
 import pytest
 
 from cli.inference.serving_sim import main
 from cost.profile import load_profile
-from serving.block_cache import BlockPool
 from serving.simulator import ServerConfig, StepCost, simulate
-from serving.workload import PresetSizes, SimRequest, WorkloadError, load_jsonl, preset
+from serving.traces import load_jsonl, load_mooncake
+from serving.workload import PresetSizes, SimRequest, WorkloadError, preset
 from tracer import TraceOptions, resolve_model
 
 
@@ -30,12 +32,13 @@ def test_shared_prompt_with_ample_cache_matches_closed_form(cost):
     assert res.completed == n and res.rejected == 0
 
 
-def test_cache_smaller_than_one_prompt_gives_no_hits(cost):
-    reqs = shared_prompt(10, prompt=2048, user=64, out=4)
+def test_requests_longer_than_the_cache_are_rejected(cost):
     needed = (2048 + 64 + 4 + 15) // 16
-    res = simulate(reqs, cost, ServerConfig(block_size=16, gpu_blocks=needed, block_bytes=1, max_running=1))
+    res = simulate(shared_prompt(10, out=4), cost, ServerConfig(block_size=16, gpu_blocks=needed + 1, block_bytes=1,
+                                                                max_running=1))   # + vLLM's null block
     assert res.completed == 10
-    res_small = simulate(shared_prompt(10), cost, ServerConfig(block_size=16, gpu_blocks=needed - 1, block_bytes=1))
+    res_small = simulate(shared_prompt(10, out=4), cost, ServerConfig(block_size=16, gpu_blocks=needed,
+                                                                      block_bytes=1))
     assert res_small.rejected == 10 and res_small.completed == 0 and res_small.reused_tokens == 0
 
 
@@ -86,7 +89,8 @@ def test_cpu_tier_helps_on_fast_link_and_is_skipped_on_slow(cost):
                         host_link_bytes_per_s=1e6, max_running=1)
     none = ServerConfig(block_size=16, gpu_blocks=gpu_blocks, cpu_blocks=0, block_bytes=16 * 32768, max_running=1)
     r_fast, r_slow, r_none = (simulate(reqs, cost, c) for c in (fast, slow, none))
-    assert r_fast.cpu_hit_blocks > 0 and r_fast.cpu_transfer_s < r_fast.cpu_saved_compute_s
+    assert r_fast.cpu_hit_blocks > 0 and r_fast.cpu_load_s < r_fast.cpu_saved_compute_s
+    assert r_fast.cpu_stored_blocks >= 2 * 4096 // 16   # both documents written through at prefill end
     assert r_fast.reused_tokens > r_none.reused_tokens
     assert r_slow.cpu_hit_blocks == 0 and r_slow.reused_tokens == r_none.reused_tokens
     assert r_fast.makespan_s < r_none.makespan_s
@@ -102,16 +106,6 @@ def test_no_request_is_lost(cost):
         assert len(res.ttft_s) == res.completed
 
 
-def test_block_pool_lru_and_pinning():
-    pool = BlockPool(gpu_blocks=4, cpu_blocks=2)
-    assert pool.allocate([1, 2], 0, 0, 0)
-    assert pool.match([1, 2, 3]) == (2, 0)
-    pool.release([1, 2], 0)
-    assert pool.allocate([3, 4], 0, 0, 1)   # 3 free slots needed: one evicts LRU block 1 to the CPU tier
-    assert pool.match([1, 2]) == (0, 1)
-    assert not pool.allocate([5, 6, 7], 0, 0, 0)  # block 2 evictable, but 3 and 4 are pinned
-
-
 def test_jsonl_errors_name_the_line(tmp_path):
     f = tmp_path / "w.jsonl"
     f.write_text('{"arrival_s": 0, "segments": [{"id": "s", "tokens": 10}], "output_tokens": 2}\n{"arrival_s": 1}\n')
@@ -121,23 +115,43 @@ def test_jsonl_errors_name_the_line(tmp_path):
     assert load_jsonl(f)[0].prompt_tokens == 3
 
 
+METRIC_KEYS = ("hit_rate", "hit_rate_by_tier", "reused_tokens", "prompt_tokens", "session_hit_rate", "ttft_ms",
+               "ttft_ms_hit", "ttft_ms_miss", "tpot_ms", "computed_prefill_tokens_per_s", "prompt_tokens_per_s",
+               "output_tokens_per_s", "kv_memory_gb", "gpu_kv_usage_mean", "evictions", "preemptions", "cpu_tier",
+               "hit_rate_over_time", "instances", "completed_requests", "rejected_requests", "makespan_s")
+
+
 def test_cli_json_and_errors(tmp_path, capsys):
     assert main(["llama-3.2-1b", "--device", "h100", "--workload", "shared-system-prompt", "--num-requests", "30",
-                 "--system-tokens", "512", "--output-tokens", "8", "--compare", "--json"]) == 0
+                 "--system-tokens", "512", "--output-tokens", "8", "--compare", "--json", "--jobs", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["runs"]) == {"no-cache", "gpu", "gpu+cpu"}
     for run in out["runs"].values():
-        for key in ("hit_rate", "block_hit_rate", "reused_tokens", "ttft_ms", "tpot_ms", "prefill_tokens_per_s",
-                    "output_tokens_per_s", "kv_memory_gb", "eviction_rate", "cpu_tier", "completed_requests",
-                    "rejected_requests"):
-            assert key in run
+        assert set(METRIC_KEYS) <= set(run)
+        assert set(run["kv_memory_gb"]) >= {"gpu_used_mean", "gpu_used_peak", "gpu_evictable_mean", "gpu_capacity",
+                                            "cpu_mean", "cpu_peak"}
+        assert set(run["evictions"]) >= {"blocks", "re_needed_blocks"}
+        assert set(run["cpu_tier"]) >= {"hit_blocks", "load_ms", "store_ms", "dropped_blocks", "stored_blocks"}
+        assert set(run["ttft_ms_hit"]) >= {"p50", "p90", "p99", "requests"}
     assert out["runs"]["no-cache"]["hit_rate"] == 0 < out["runs"]["gpu"]["hit_rate"]
     assert out["runs"]["gpu"]["ttft_ms"]["p50"] < out["runs"]["no-cache"]["ttft_ms"]["p50"]
+    gpu = out["runs"]["gpu"]
+    assert gpu["ttft_ms_hit"]["requests"] + gpu["ttft_ms_miss"]["requests"] == 30
+    # computed prefill counts only what was not reused
+    assert gpu["computed_prefill_tokens_per_s"] < gpu["prompt_tokens_per_s"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     assert main(["llama-3.2-1b", "--device", "h100", "--workload", str(bad)]) == 2
     assert ":1:" in capsys.readouterr().err
     assert main(["llama-3.2-1b", "--device", "h100", "--workload", "no-such-preset"]) == 2
+    for flags in (["--sweep-gpu-cache-gb", "8,x"], ["--sweep-gpu-cache-gb", "0"], ["--time-scale", "0"],
+                  ["--sweep-gpu-cache-gb", "8", "--compare"], ["--cache-policy", "trtllm"], ["--instances", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(["llama-3.2-1b", "--device", "h100", "--workload", "shared-system-prompt", *flags])
+        assert e.value.code == 2, flags
+    assert main(["llama-3.2-1b", "--device", "h100", "--workload", "shared-system-prompt", "--gpu-cache-gb",
+                 "0.000001"]) == 2
+    assert "too small" in capsys.readouterr().err
 
 
 def test_without_prefix_caching_identical_prompts_hold_their_own_blocks(cost):
@@ -145,8 +159,115 @@ def test_without_prefix_caching_identical_prompts_hold_their_own_blocks(cost):
     per_request = -(-(1024 + 16 + 4) // 16)
     cfg = ServerConfig(block_size=16, gpu_blocks=100_000, block_bytes=1, prefix_caching=False)
     res = simulate(reqs, cost, cfg)
-    assert res.reused_tokens == 0 and res.gpu_blocks_peak == 4 * per_request
+    assert res.reused_tokens == 0 and res.gpu_used_peak == 4 * per_request
     shared = simulate(shared_prompt(4, prompt=1024, user=16, out=4), cost, ServerConfig(block_size=16,
                                                                                         gpu_blocks=100_000,
                                                                                         block_bytes=1))
-    assert shared.gpu_blocks_peak < res.gpu_blocks_peak
+    assert shared.gpu_used_peak < res.gpu_used_peak
+
+
+SAMPLE = Path(__file__).parent / "data" / "mooncake_conversation_300.jsonl"
+
+
+def test_mooncake_parser_reads_the_released_format(tmp_path):
+    reqs = load_mooncake(SAMPLE)
+    raw = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    assert len(reqs) == len(raw) == 300
+    for r, d in zip(reqs, raw):
+        assert r.prompt_tokens == d["input_length"] and r.output_tokens == d["output_length"]
+        assert r.arrival_s == d["timestamp"] / 1000
+        assert [n for _, n in r.segments][:-1] == [512] * (len(d["hash_ids"]) - 1)
+        assert r.segments[-1][1] == d["input_length"] - 512 * (len(d["hash_ids"]) - 1)
+    bad = tmp_path / "m.jsonl"
+    bad.write_text(SAMPLE.read_text().splitlines()[0] + '\n{"timestamp": 5, "input_length": 2000, '
+                   '"output_length": 3, "hash_ids": [1, 2]}\n')
+    with pytest.raises(WorkloadError, match=r":2:.*expected ceil"):
+        load_mooncake(bad)
+
+
+def known_hits(path, block_size=16, block_tokens=512) -> int:
+    """Tokens an unbounded cache hits: each request reuses its leading hash ids seen before (the ids are prefix
+    hashes), at most input length - 1 tokens, in whole blocks."""
+    seen, total = set(), 0
+    for line in Path(path).read_text().splitlines():
+        d = json.loads(line)
+        ids, n = d["hash_ids"], d["input_length"]
+        k = 0
+        while k < len(ids) and ids[k] in seen:
+            k += 1
+        tokens = sum(min(block_tokens, n - block_tokens * i) for i in range(k))
+        total += min(tokens, n - 1) // block_size * block_size
+        seen.update(ids)
+    return total
+
+
+def test_mooncake_sample_hits_what_an_unbounded_cache_would(cost):
+    # every prompt is scheduled whole on arrival (huge step budget) and nothing is evicted
+    cfg = ServerConfig(block_size=16, gpu_blocks=10_000_000, block_bytes=1, max_prefill_tokens=10_000_000,
+                       max_running=10_000)
+    res = simulate(load_mooncake(SAMPLE), cost, cfg)
+    assert res.completed == 300 and res.evicted_blocks == 0
+    assert res.reused_tokens == known_hits(SAMPLE) == 345_952
+
+
+def test_cpu_pool_is_shared_by_instances_and_reports_tiers_and_drops(cost):
+    reqs = [SimRequest(i, 2.0 * i, 4096 + 16, 2, segments=[("doc", 4096), (f"q{i}", 16)]) for i in range(2)]
+    cfg = ServerConfig(block_size=16, gpu_blocks=2000, cpu_blocks=10_000, block_bytes=16 * 32768, instances=2)
+    res = simulate(reqs, cost, cfg)
+    first, second = res.records
+    assert (first.instance, second.instance) == (0, 1)
+    # the second instance never saw the document: it loads it from the CPU pool written by the first
+    assert second.gpu_hit_tokens == 0 and second.cpu_hit_tokens == 4096
+    s = res.summary(cfg)
+    assert s["hit_rate_by_tier"]["cpu"] > 0 == s["hit_rate_by_tier"]["gpu"]
+    # 256 document blocks + each question's block; the document is stored once
+    assert s["cpu_tier"]["stored_blocks"] == 4096 // 16 + 2 and s["cpu_tier"]["store_ms"] > 0
+    tiny = simulate(reqs, cost, ServerConfig(block_size=16, gpu_blocks=2000, cpu_blocks=100, block_bytes=16 * 32768,
+                                             instances=2))
+    # 100 blocks: the first write drops 157; the second request finds the head gone, and writing its 257
+    # blocks in order drops each one's successor before it is reached: all 257 are new, 257 more drops
+    assert tiny.cpu_dropped_blocks == 157 + 257
+    assert tiny.records[1].cpu_hit_tokens == 0          # the document's head was dropped
+
+
+def test_cache_aware_routing_keeps_documents_on_one_instance(cost):
+    reqs = [SimRequest(i, 0.5 * i, 2048 + 16, 2, segments=[(f"doc{i % 3}", 2048), (f"q{i}", 16)]) for i in range(30)]
+    hits = {}
+    for routing in ("round-robin", "cache-aware"):
+        cfg = ServerConfig(block_size=16, gpu_blocks=2 * 130 + 20, block_bytes=1, instances=2, routing=routing)
+        hits[routing] = simulate(reqs, cost, cfg).reused_tokens
+    assert hits["cache-aware"] > hits["round-robin"]
+
+
+def test_hit_rate_over_time_shows_the_warm_up(cost):
+    reqs = preset("shared-system-prompt", 200, 20.0, 0, PresetSizes(system_tokens=1024, output_tokens=4))
+    cfg = ServerConfig(block_size=16, gpu_blocks=100_000, block_bytes=1)
+    points = simulate(reqs, cost, cfg).summary(cfg, window_s=1.0)["hit_rate_over_time"]["points"]
+    assert points[0]["hit_rate"] < points[-1]["hit_rate"]
+    assert sum(p["requests"] for p in points) == 200
+
+
+def test_sglang_policy_runs_the_presets(cost):
+    sizes = PresetSizes(system_tokens=512, user_tokens=20, output_tokens=16, documents=3, document_tokens=3000)
+    for name in ("multi-turn-chat", "document-qa"):
+        for policy in ("vllm", "sglang"):
+            cfg = ServerConfig(block_size=16, gpu_blocks=400, block_bytes=1, cache_policy=policy)
+            res = simulate(preset(name, 60, 50.0, 1, sizes), cost, cfg)
+            assert res.completed + res.rejected == 60 and res.reused_tokens > 0, (name, policy)
+
+
+def test_cli_mooncake_sweep_and_plot(tmp_path, capsys):
+    png = tmp_path / "sweep.png"
+    assert main(["llama-3.2-1b", "--device", "h100", "--workload", f"mooncake:{SAMPLE}", "--time-scale", "0.2",
+                 "--sweep-gpu-cache-gb", "1,4", "--plot", str(png), "--jobs", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "hit rate vs GPU cache capacity" in captured.out
+    try:
+        import matplotlib  # noqa: F401
+        assert png.exists()
+    except ImportError:
+        assert "needs matplotlib" in captured.err and not png.exists()
+    assert main(["llama-3.2-1b", "--device", "h100", "--workload", f"mooncake:{SAMPLE}", "--json",
+                 "--sweep-gpu-cache-gb", "1,4", "--jobs", "2"]) == 0   # two processes sharing traced shapes
+    sweep = json.loads(capsys.readouterr().out)["sweep"]
+    assert [s["gpu_cache_gb"] for s in sweep] == [1, 4] and all(0 <= s["hit_rate"] < 1 for s in sweep)

@@ -92,14 +92,14 @@ def resolve_model(model: str) -> ModelSpec:
 
 
 def config_weight_dtype(config: dict) -> str | None:
-    """The weight format a config's quantization_config declares (fp8, int8, int4, fp4), or None."""
+    """The weight format a config's quantization_config declares (fp8, fp8_block, int8, int4, fp4), or None."""
     q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
     if not isinstance(q, dict):
         return None
     method = str(q.get("quant_method", "")).lower()
     bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
     if method in ("fp8", "fbgemm_fp8", "finegrained_fp8") or "fp8" in str(q.get("fmt", "")).lower():
-        return "fp8"
+        return "fp8_block" if q.get("weight_block_size") else "fp8"
     if method in ("nvfp4", "fp4"):
         return "fp4"
     if method == "mxfp4":  # gpt-oss: 4-bit weights that Hopper-class engines dequantize to bf16

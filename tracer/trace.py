@@ -181,7 +181,7 @@ _CACHE_ARGUMENTS = ("past_key_values", "cache", "cache_params")  # by release an
 
 def _takes_cache(model) -> bool:
     import inspect
-    return any(n in inspect.signature(model.forward).parameters for n in _CACHE_ARGUMENTS)
+    return any(n in inspect.signature(model.forward).parameters for n in (*_CACHE_ARGUMENTS, "state"))  # RWKV
 
 
 def _forward_kwargs(model, cache, logits_rows: int | None) -> dict:

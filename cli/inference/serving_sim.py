@@ -1,25 +1,36 @@
-"""Simulate a server with block-level prefix caching under a multi-user workload.
+"""Simulate a server's prefix cache under a multi-user workload, with an engine's cache rules.
 
-    python -m cli.inference.serving_sim MODEL --device DEVICE --workload PRESET|FILE.jsonl
-        [--num-requests R] [--request-rate QPS] [--seed S] [--block-size 16] [--gpu-cache-gb auto|X]
-        [--cpu-cache-gb Y] [--max-prefill-tokens T] [--compare] [--json]
+    python -m cli.inference.serving_sim MODEL --device DEVICE --workload PRESET|FILE.jsonl|mooncake:FILE
+        [--num-requests R] [--request-rate QPS] [--time-scale X] [--seed S] [--block-size 16]
+        [--cache-policy vllm|sglang] [--gpu-cache-gb auto|X] [--sweep-gpu-cache-gb 8,16,32,64]
+        [--cpu-cache-gb Y] [--instances N] [--routing round-robin|cache-aware]
+        [--max-prefill-tokens T] [--max-running N] [--compare] [--hit-window-s S] [--plot FILE.png] [--json]
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from multiprocessing import get_context
 from pathlib import Path
 
 from cost.profile import load_profile
+from cost.engines import ENGINES
+from serving.arrivals import ClosedLoopArrivals
+from serving.kv_cache import CACHE_POLICIES
+from serving.routing import ROUTERS
 from serving.simulator import ServerConfig, StepCost, simulate
-from serving.workload import PRESETS, PresetSizes, WorkloadError, load_jsonl, preset
+from serving.traces import load_jsonl, load_mooncake
+from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, preset
 from tracer.model_source import resolve_model
 from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import ArgumentParser, add_device_arguments, add_model_arguments, positive_int, run_main, trace_options
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, positive_int, run_main,
+                      trace_options, warn)
 from .memory import kv_heads, peak_activation_bytes
 
 MEMORY_UTILIZATION = 0.9
@@ -35,82 +46,236 @@ def server_config(args, spec, hw, options) -> ServerConfig:
             raise ValueError(f"{spec.name} does not fit on {hw.name} with TP={args.tp_size}: no room for a KV cache")
         gpu_gb = free / 1e9
     else:
-        gpu_gb = float(args.gpu_cache_gb)
-        if gpu_gb <= 0:
-            raise ValueError("--gpu-cache-gb must be > 0 or auto")
-    return ServerConfig(block_size=args.block_size, gpu_blocks=int(gpu_gb * 1e9 // block_bytes),
-                        cpu_blocks=int(args.cpu_cache_gb * 1e9 // block_bytes),
+        gpu_gb = _positive_gb(args.gpu_cache_gb, "--gpu-cache-gb")
+    return ServerConfig(block_size=args.block_size, gpu_blocks=_blocks(gpu_gb, block_bytes),
+                        cpu_blocks=int(args.cpu_cache_gb * 1e9 // block_bytes), gpus_per_instance=args.tp_size,
                         max_prefill_tokens=args.max_prefill_tokens, max_running=args.max_running,
-                        block_bytes=block_bytes, host_link_bytes_per_s=hw.host_link_bandwidth_gbps * 1e9)
+                        block_bytes=block_bytes, host_link_bytes_per_s=hw.host_link_bandwidth_gbps * 1e9,
+                        cache_policy=args.cache_policy, instances=args.instances, routing=args.routing)
+
+
+def _positive_gb(text: str, flag: str) -> float:
+    try:
+        gb = float(text)
+    except ValueError:
+        raise ValueError(f"{flag} must be a number of GB or auto, got '{text}'") from None
+    if not gb > 0 or gb != gb or gb == float("inf"):
+        raise ValueError(f"{flag} must be > 0, got {text}")
+    return gb
+
+
+def _blocks(gb: float, block_bytes: float) -> int:
+    blocks = int(gb * 1e9 // block_bytes)
+    if blocks < 2:
+        raise ValueError(f"a {gb:g} GB KV cache holds {blocks} block(s) of {block_bytes / 1e6:.2f} MB: too small")
+    return blocks
 
 
 def load_workload(args):
     if args.workload in PRESETS:
         sizes = PresetSizes(system_tokens=args.system_tokens, user_tokens=args.user_tokens,
                             output_tokens=args.output_tokens, turns=args.turns, documents=args.documents,
-                            document_tokens=args.document_tokens, question_tokens=args.question_tokens)
-        return preset(args.workload, args.num_requests, args.request_rate, args.seed, sizes)
-    if Path(args.workload).suffix in (".jsonl", ".json") or Path(args.workload).exists():
-        return load_jsonl(args.workload)
-    raise WorkloadError(f"unknown workload '{args.workload}' (presets: {', '.join(PRESETS)}; or a .jsonl file)")
+                            document_tokens=args.document_tokens, question_tokens=args.question_tokens,
+                            input_tokens=args.input_tokens)
+        requests = preset(args.workload, args.num_requests, args.request_rate, args.seed, sizes, args.arrival)
+    elif args.workload.startswith("mooncake:"):
+        requests = load_mooncake(args.workload[len("mooncake:"):], args.mooncake_block_tokens)
+    elif Path(args.workload).suffix in (".jsonl", ".json") or Path(args.workload).exists():
+        requests = load_jsonl(args.workload)
+    else:
+        raise WorkloadError(f"unknown workload '{args.workload}' (presets: {', '.join(PRESETS)}; a .jsonl file; "
+                            f"or mooncake:FILE)")
+    if args.time_scale != 1.0:
+        for r in requests:
+            r.arrival_s *= args.time_scale
+    return requests
+
+
+def _runs(args, config: ServerConfig) -> dict[str, ServerConfig]:
+    if args.sweep_gpu_cache_gb:
+        return {f"{gb:g} GB": replace(config, gpu_blocks=_blocks(gb, config.block_bytes))
+                for gb in args.sweep_gpu_cache_gb}
+    if args.compare:
+        cpu_blocks = config.cpu_blocks or int(64e9 // config.block_bytes)
+        return {"no-cache": replace(config, prefix_caching=False, cpu_blocks=0),
+                "gpu": replace(config, cpu_blocks=0), "gpu+cpu": replace(config, cpu_blocks=cpu_blocks)}
+    return {"gpu" if not config.cpu_blocks else "gpu+cpu": config}
+
+
+_SHARED: dict = {}   # what forked sweep workers read instead of pickling the workload
+
+
+def _simulate_one(label: str) -> tuple[str, dict]:
+    requests, cost, runs, window_s, users = _SHARED["job"]
+    cfg = runs[label]
+    arrivals = ClosedLoopArrivals(requests, users) if users else None
+    return label, simulate(requests, cost, cfg, arrivals).summary(cfg, window_s)
 
 
 def run(args) -> dict:
     spec, hw, options = resolve_model(args.model), load_profile(args.device), trace_options(args)
+    defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
+    args.max_running = args.max_running or defaults.max_num_seqs
+    args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
     requests = load_workload(args)
     config = server_config(args, spec, hw, options)
-    cost = StepCost(spec, hw, options, args.execution, args.tp_size)
-    runs = {"gpu" if not args.cpu_cache_gb else "gpu+cpu": config}
-    if args.compare:
-        cpu_blocks = config.cpu_blocks or int(64e9 // config.block_bytes)
-        runs = {"no-cache": replace(config, prefix_caching=False, cpu_blocks=0),
-                "gpu": replace(config, cpu_blocks=0), "gpu+cpu": replace(config, cpu_blocks=cpu_blocks)}
-    results = {}
-    for label, cfg in runs.items():
-        if sys.stderr.isatty():
-            print(f"simulating {label} ({len(requests)} requests)...", file=sys.stderr)
-        for r in requests:
-            r.block_hashes = []
-        results[label] = simulate(requests, cost, cfg).summary(cfg)
-    return {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
-            "num_requests": len(requests), "block_size": config.block_size,
-            "block_bytes": config.block_bytes, "runs": results}
+    cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine)
+    runs = _runs(args, config)
+    for r in requests:   # identities once, shared by every run (and by forked workers)
+        r.hash_blocks(config.block_size)
+    _SHARED["job"] = (requests, cost, runs, args.hit_window_s, args.concurrency)
+    workers = min(len(runs), os.cpu_count() or 1, args.jobs)
+    if sys.stderr.isatty():
+        print(f"simulating {', '.join(runs)} ({len(requests)} requests)...", file=sys.stderr)
+    if workers > 1:
+        context = get_context("fork")
+        with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:
+            cost.shared = manager.dict()   # the workers trace each step shape once between them
+            results = dict(pool.map(_simulate_one, runs))
+        cost.shared = None
+    else:
+        results = dict(map(_simulate_one, runs))
+    out = {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
+           "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
+           "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
+           "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
+           "load": _load_label(args), "runs": {k: results[k] for k in runs}}
+    if args.sweep_gpu_cache_gb:
+        out["sweep"] = [{"gpu_cache_gb": gb, "hit_rate": r["hit_rate"], "ttft_ms_p50": r["ttft_ms"]["p50"],
+                         "evicted_blocks": r["evictions"]["blocks"], "preemptions": r["preemptions"]["count"]}
+                        for gb, r in zip(args.sweep_gpu_cache_gb, out["runs"].values())]
+    return out
+
+
+def _load_label(args) -> str:
+    if args.concurrency:
+        return f"closed loop, {args.concurrency} users"
+    if args.request_rate:
+        return f"open loop, {args.arrival} arrivals at {args.request_rate:g} requests/s"
+    return "all requests at once" if args.workload in PRESETS else "the trace's arrival times"
+
+
+def _f(v, fmt="{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _pcts(d: dict) -> str:
+    return f"{_f(d['p50'])} / {_f(d['p90'])} / {_f(d['p99'])}" if d["requests"] else "-"
+
+
+ROWS = [  # (label, formatter of one run's summary)
+    ("token hit rate", lambda r: f"{r['hit_rate'] * 100:.1f}%"),
+    ("  from GPU / from CPU", lambda r: f"{r['hit_rate_by_tier']['gpu'] * 100:.1f}% / "
+                                        f"{r['hit_rate_by_tier']['cpu'] * 100:.1f}%"),
+    ("session hit rate p10 / p50 / p90", lambda r: "-" if r["session_hit_rate"]["p50"] is None else
+        " / ".join(f"{r['session_hit_rate'][k] * 100:.0f}%" for k in ("p10", "p50", "p90"))
+        + f" ({r['session_hit_rate']['sessions']})"),
+    ("hit rate first / last window", lambda r: "-" if not r["hit_rate_over_time"]["points"] else
+        f"{r['hit_rate_over_time']['points'][0]['hit_rate'] * 100:.1f}% / "
+        f"{r['hit_rate_over_time']['points'][-1]['hit_rate'] * 100:.1f}% "
+        f"({r['hit_rate_over_time']['window_s']:.3g} s)"),
+    ("reused tokens", lambda r: f"{r['reused_tokens']:,}"),
+    ("TTFT p50 / p90 / p99 ms", lambda r: _pcts(r["ttft_ms"])),
+    ("  hit requests", lambda r: _pcts(r["ttft_ms_hit"]) + f" ({r['ttft_ms_hit']['requests']})"),
+    ("  miss requests", lambda r: _pcts(r["ttft_ms_miss"]) + f" ({r['ttft_ms_miss']['requests']})"),
+    ("TPOT p50 / p90 / p99 ms", lambda r: f"{_f(r['tpot_ms']['p50'], '{:.2f}')} / {_f(r['tpot_ms']['p90'], '{:.2f}')}"
+                                          f" / {_f(r['tpot_ms']['p99'], '{:.2f}')}"),
+    ("ITL p50 / p90 / p99 ms", lambda r: f"{_f(r['itl_ms']['p50'], '{:.2f}')} / {_f(r['itl_ms']['p90'], '{:.2f}')}"
+                                         f" / {_f(r['itl_ms']['p99'], '{:.2f}')}"),
+    ("E2E latency p50 / p90 / p99 ms", lambda r: _pcts(r["e2e_ms"])),
+    ("mean TTFT / TPOT / E2E ms", lambda r: f"{_f(r['ttft_ms']['mean'])} / {_f(r['tpot_ms']['mean'], '{:.2f}')} / "
+                                            f"{_f(r['e2e_ms']['mean'])}"),
+    ("computed prefill tokens/s", lambda r: f"{r['computed_prefill_tokens_per_s']:,.0f}"),
+    ("output tokens/s (per GPU)", lambda r: f"{r['output_tokens_per_s']:,.0f} "
+                                            f"({r['output_tokens_per_s_per_gpu']:,.0f})"),
+    ("total tokens/s (per GPU)", lambda r: f"{r['total_tokens_per_s']:,.0f} ({r['total_tokens_per_s_per_gpu']:,.0f})"),
+    ("requests/s", lambda r: f"{r['request_rate']:.2f}"),
+    ("GPU KV GB/instance used mean / peak", lambda r: f"{r['kv_memory_gb']['gpu_used_mean']:.1f} / "
+                                             f"{r['kv_memory_gb']['gpu_used_peak']:.1f}"),
+    ("  evictable mean / capacity", lambda r: f"{r['kv_memory_gb']['gpu_evictable_mean']:.1f} / "
+                                                 f"{r['kv_memory_gb']['gpu_capacity']:.1f}"),
+    ("evicted / re-needed blocks", lambda r: f"{r['evictions']['blocks']:,} / {r['evictions']['re_needed_blocks']:,}"),
+    ("preemptions / recomputed tokens", lambda r: f"{r['preemptions']['count']:,} / "
+                                                  f"{r['preemptions']['recomputed_tokens']:,}"),
+    ("CPU KV GB mean / peak", lambda r: f"{r['kv_memory_gb']['cpu_mean']:.1f} / {r['kv_memory_gb']['cpu_peak']:.1f}"),
+    ("CPU hit blocks / dropped blocks", lambda r: f"{r['cpu_tier']['hit_blocks']:,} / "
+                                                  f"{r['cpu_tier']['dropped_blocks']:,}"),
+    ("CPU load / compute saved ms", lambda r: f"{r['cpu_tier']['load_ms']:.1f} / "
+                                              f"{r['cpu_tier']['saved_compute_ms']:.1f}"),
+    ("GPU->CPU store ms (link busy)", lambda r: f"{r['cpu_tier']['store_ms']:.1f} "
+                                                f"({r['cpu_tier']['store_link_busy'] * 100:.1f}%)"),
+    ("completed / rejected", lambda r: f"{r['completed_requests']} / {r['rejected_requests']}"),
+]
 
 
 def render(out: dict) -> str:
     runs = out["runs"]
+    rows = [[label, *(fmt(r) for r in runs.values())] for label, fmt in ROWS]
+    if out["instances"] > 1:
+        rows.append([f"hit rate per instance ({out['routing']})",
+                     *(" ".join(f"{i['hit_rate'] * 100:.0f}%" for i in r["instances"]) for r in runs.values())])
+    title = (f"{out['model']} on {out['device']} (TP={out['tp_size']}) x {out['instances']}, {out['engine']}, "
+             f"workload {out['workload']}, {out['num_requests']} requests, {out['load']}, {out['cache_policy']} "
+             f"cache, block size {out['block_size']}")
+    text = format_table(["metric", *runs.keys()], rows, title=title)
+    if "sweep" in out:
+        text += "\n\n" + format_table(
+            ["GPU cache GB", "token hit rate", "TTFT p50 ms", "evicted blocks", "preemptions"],
+            [[f"{s['gpu_cache_gb']:g}", f"{s['hit_rate'] * 100:.1f}%", _f(s["ttft_ms_p50"]),
+              f"{s['evicted_blocks']:,}", f"{s['preemptions']:,}"] for s in out["sweep"]],
+            title="hit rate vs GPU cache capacity")
+    return text
 
-    def f(v, fmt="{:.1f}"):
-        return "-" if v is None else fmt.format(v)
-    rows = [
-        ["token hit rate", *(f"{r['hit_rate'] * 100:.1f}%" for r in runs.values())],
-        ["block hit rate", *(f"{r['block_hit_rate'] * 100:.1f}%" for r in runs.values())],
-        ["reused tokens", *(f"{r['reused_tokens']:,}" for r in runs.values())],
-        ["TTFT p50 / p90 / p99 ms", *(f"{f(r['ttft_ms']['p50'])} / {f(r['ttft_ms']['p90'])} / {f(r['ttft_ms']['p99'])}"
-                                      for r in runs.values())],
-        ["TPOT p50 / p99 ms", *(f"{f(r['tpot_ms']['p50'], '{:.2f}')} / {f(r['tpot_ms']['p99'], '{:.2f}')}"
-                                for r in runs.values())],
-        ["prefill tokens/s", *(f"{r['prefill_tokens_per_s']:,.0f}" for r in runs.values())],
-        ["output tokens/s", *(f"{r['output_tokens_per_s']:,.0f}" for r in runs.values())],
-        ["GPU KV GB peak / mean / cap", *(f"{r['kv_memory_gb']['gpu_peak']:.1f} / {r['kv_memory_gb']['gpu_mean']:.1f} / "
-                                          f"{r['kv_memory_gb']['gpu_capacity']:.1f}" for r in runs.values())],
-        ["CPU KV GB peak / mean", *(f"{r['kv_memory_gb']['cpu_peak']:.1f} / {r['kv_memory_gb']['cpu_mean']:.1f}"
-                                    for r in runs.values())],
-        ["eviction rate", *(f"{r['eviction_rate'] * 100:.1f}%" for r in runs.values())],
-        ["CPU-tier hit blocks", *(f"{r['cpu_tier']['hit_blocks']:,}" for r in runs.values())],
-        ["CPU transfer / compute saved ms", *(f"{r['cpu_tier']['transfer_ms']:.1f} / "
-                                              f"{r['cpu_tier']['saved_compute_ms']:.1f}" for r in runs.values())],
-        ["completed / rejected", *(f"{r['completed_requests']} / {r['rejected_requests']}" for r in runs.values())],
-    ]
-    title = (f"{out['model']} on {out['device']} (TP={out['tp_size']}), workload {out['workload']}, "
-             f"{out['num_requests']} requests, block size {out['block_size']}")
-    return format_table(["metric", *runs.keys()], rows, title=title)
+
+def write_plot(out: dict, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warn("--plot needs matplotlib (pip install 'tracecost[plot]'); no plot written")
+        return
+    if "sweep" in out:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([s["gpu_cache_gb"] for s in out["sweep"]], [s["hit_rate"] * 100 for s in out["sweep"]], marker="o")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([s["gpu_cache_gb"] for s in out["sweep"]], [f"{s['gpu_cache_gb']:g}" for s in out["sweep"]])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("GPU KV cache per instance (GB)")
+        ax.set_ylabel("token hit rate (%)")
+    else:
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+        for label, r in out["runs"].items():
+            pts = r["hit_rate_over_time"]["points"]
+            ax.plot([p["t_s"] for p in pts], [p["hit_rate"] * 100 for p in pts], label=label)
+            ax2.plot([p["t_s"] for p in pts], [p["ttft_p50_ms"] for p in pts], label=label)
+        ax.set_ylabel("token hit rate (%)")
+        ax.set_ylim(bottom=0)
+        ax2.set_ylabel("TTFT p50 (ms)")
+        ax2.set_xlabel("time (s)")
+        ax.legend()
+    ax.set_title(f"{out['model']} on {out['device']}, {out['workload']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def body(args) -> int:
     out = run(args)
     print(json.dumps(out, indent=1) if args.json else render(out))
+    if args.plot:
+        write_plot(out, args.plot)
     return 0
+
+
+def _gb_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep-gpu-cache-gb takes GB values separated by commas, got '{text}'") from None
+    if not values or any(not (v > 0 and v != float("inf")) for v in values):
+        raise ValueError(f"--sweep-gpu-cache-gb values must be > 0, got '{text}'")
+    return values
 
 
 def main(argv=None) -> int:
@@ -118,17 +283,42 @@ def main(argv=None) -> int:
     p.add_argument("model")
     add_device_arguments(p)
     p.add_argument("--tp-size", type=positive_int, default=1)
-    p.add_argument("--workload", required=True, help=f"a preset ({', '.join(PRESETS)}) or a JSONL trace file")
-    p.add_argument("--num-requests", type=positive_int, default=200)
-    p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second (default: all at 0)")
+    p.add_argument("--workload", required=True,
+                   help=f"a preset ({', '.join(PRESETS)}), a JSONL trace file, or mooncake:FILE (a Mooncake trace)")
+    p.add_argument("--num-requests", type=positive_int, default=200, help="requests of a preset (default 200)")
+    p.add_argument("--request-rate", type=float, default=None,
+                   help="open loop: a preset's arrivals per second (default: all at once, maximum throughput)")
+    p.add_argument("--arrival", default="poisson", choices=ARRIVALS,
+                   help="open-loop arrivals: poisson (default) or constant (evenly spaced)")
+    p.add_argument("--concurrency", type=positive_int, default=None,
+                   help="closed loop: this many users, each sending its next request when answered")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply every arrival time by X: 0.5 replays a trace twice as fast (default 1)")
+    p.add_argument("--mooncake-block-tokens", type=positive_int, default=512,
+                   help="tokens per Mooncake hash id (512 in the FAST'25 release)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=positive_int, default=16)
-    p.add_argument("--gpu-cache-gb", default="auto", help="KV cache size on the GPU, or auto (memory left after "
-                                                          "weights and activations, at 90%% utilization)")
-    p.add_argument("--cpu-cache-gb", type=float, default=0.0, help="CPU (global) prefix pool size (default 0: none)")
-    p.add_argument("--max-prefill-tokens", type=positive_int, default=8192)
-    p.add_argument("--max-running", type=positive_int, default=256, help="concurrent requests (default 256)")
+    p.add_argument("--cache-policy", default="vllm", choices=list(CACHE_POLICIES),
+                   help="whose prefix-cache rules: vllm (paged blocks, default) or sglang (token radix tree)")
+    p.add_argument("--gpu-cache-gb", default="auto", help="KV cache size per GPU instance, or auto (memory left "
+                                                          "after weights and activations, at 90%% utilization)")
+    p.add_argument("--sweep-gpu-cache-gb", type=str, default=None, metavar="GB,GB,...",
+                   help="one run per GPU cache size: hit rate vs capacity (table; --plot draws it)")
+    p.add_argument("--cpu-cache-gb", type=float, default=0.0,
+                   help="CPU global prefix pool shared by all instances, written through at prefill end (default 0)")
+    p.add_argument("--instances", type=positive_int, default=1, help="data-parallel engine instances (default 1)")
+    p.add_argument("--routing", default="round-robin", choices=list(ROUTERS),
+                   help="how requests pick an instance (default round-robin)")
+    p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
+                   help="tokens per step, decode tokens included (max_num_batched_tokens; default: the engine's)")
+    p.add_argument("--max-running", type=positive_int, default=None,
+                   help="requests running at once (max_num_seqs; default: the engine's)")
     p.add_argument("--compare", action="store_true", help="no prefix cache vs GPU cache vs GPU + CPU tier")
+    p.add_argument("--hit-window-s", type=float, default=None,
+                   help="window of the hit rate over time (default: the run's span / 40)")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw hit rate and TTFT over time (with a sweep: hit rate vs GPU cache size)")
+    p.add_argument("--jobs", type=positive_int, default=2, help="runs simulated in parallel processes (default 2)")
     p.add_argument("--json", action="store_true")
     sizes = p.add_argument_group("preset sizes")
     sizes.add_argument("--system-tokens", type=positive_int, default=2048)
@@ -138,12 +328,28 @@ def main(argv=None) -> int:
     sizes.add_argument("--documents", type=positive_int, default=4)
     sizes.add_argument("--document-tokens", type=positive_int, default=8192)
     sizes.add_argument("--question-tokens", type=positive_int, default=32)
+    sizes.add_argument("--input-tokens", type=positive_int, default=512, help="the random preset's prompt length")
     add_model_arguments(p)
     args = p.parse_args(argv)
-    if args.request_rate is not None and not args.request_rate > 0:
-        p.error("--request-rate must be > 0")
-    if args.cpu_cache_gb < 0:
+    if args.request_rate is not None and not (args.request_rate > 0 and args.request_rate != float("inf")):
+        p.error("--request-rate must be a finite number > 0")
+    if args.concurrency and args.request_rate:
+        p.error("--concurrency (closed loop) and --request-rate (open loop) do not combine")
+    if not (args.time_scale > 0 and args.time_scale != float("inf")):
+        p.error("--time-scale must be > 0")
+    if args.cpu_cache_gb < 0 or args.cpu_cache_gb != args.cpu_cache_gb:
         p.error("--cpu-cache-gb must be >= 0")
+    if args.hit_window_s is not None and not args.hit_window_s > 0:
+        p.error("--hit-window-s must be > 0")
+    if args.sweep_gpu_cache_gb is not None:
+        try:
+            args.sweep_gpu_cache_gb = _gb_list(args.sweep_gpu_cache_gb)
+        except ValueError as e:
+            p.error(str(e))
+        if args.compare:
+            p.error("--sweep-gpu-cache-gb and --compare do not combine: sweep one setup at a time")
+    if args.routing != "round-robin" and args.instances == 1:
+        warn("--routing has no effect with one instance")
     return run_main(body, args)
 
 

@@ -67,18 +67,24 @@ class Result:
             "memory_gb": self.memory.as_gb(), "fits_in_memory": self.memory.fits,
             "top_ops": [{"name": n, "class": c, "ms": s * 1e3, "launches": k, "bound": b}
                         for n, c, s, k, b in e.top(10)],
-            "notes": self.trace.notes + [MEMORY_NOTE, f"efficiency: {self.hw.efficiency.origin}"],
+            "engine": e.engine, "ep_style": e.parallelism.ep_style if e.parallelism.ep > 1 else None,
+            "notes": self.notes,
         }
+
+    @property
+    def notes(self) -> list[str]:
+        efficiency = [] if self.estimate.engine else [f"efficiency: {self.hw.efficiency.origin}"]
+        return self.trace.notes + [MEMORY_NOTE] + self.estimate.notes + efficiency
 
 
 def predict(model: str, device: str, config: UserInputConfig, tp: int = 1, ep: int = 1, execution: str = "engine",
-            options=None) -> Result:
+            options=None, engine: str = "vllm", ep_style: str = "all-tokens") -> Result:
     from tracer.work import TraceOptions
     hw = load_profile(device)
     info = config.get_request_info()
     spec = resolve_model(model)
     t = trace(spec, info.to_request(), options or TraceOptions())
-    est = estimate(t, hw, execution, Parallelism(tp, ep))
+    est = estimate(t, hw, execution, Parallelism(tp, ep, ep_style), engine)
     memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_capacity_gb,
                              sequences=info.num_queries)
     return Result(spec.name, hw, config, info, t, est, memory)
@@ -87,8 +93,9 @@ def predict(model: str, device: str, config: UserInputConfig, tp: int = 1, ep: i
 def render(r: Result) -> str:
     e, info, m = r.estimate, r.info, r.memory
     label = "TPOT (decode step)" if info.decode else "TTFT (prefill)"
+    how = f"{e.engine} engine kernels" if e.engine else f"{e.execution} execution"
     lines = [f"{r.model} on {r.hw.name} x{e.parallelism.tp} (TP={e.parallelism.tp}"
-             f"{f', EP={e.parallelism.ep}' if e.parallelism.ep > 1 else ''}), {e.execution} execution, "
+             f"{f', EP={e.parallelism.ep} ({e.parallelism.ep_style})' if e.parallelism.ep > 1 else ''}), {how}, "
              f"{r.trace.options.dtype}",
              f"{r.phase}: batch={info.num_queries} query={info.query_len} context={info.context_len} "
              f"seq_len={info.seq_len}" + (f"  (prefix cache: {info.cached_tokens} of {r.config.query_length} query "
@@ -118,7 +125,7 @@ def render(r: Result) -> str:
         lines.append(f"WARNING: needs {g['total']:.1f} GB per device but {r.hw.name} has {g['capacity']:.0f} GB: "
                      f"does not fit (raise --tp-size or lower the batch)")
     lines.append(f"FLOPs {human(e.flops, 'FLOP')}, bytes {human(e.bytes, 'B')}, {e.num_kernels} kernels")
-    for note in r.trace.notes + [MEMORY_NOTE, f"efficiency: {r.hw.efficiency.origin}"]:
+    for note in r.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
 
@@ -127,12 +134,13 @@ def sweep(args, options, rates: list[float]) -> int:
     results = []
     for rate in rates:
         config = UserInputConfig(args.num_queries, args.query_length, args.context_length, False, rate)
-        results.append(predict(args.model, args.device, config, args.tp_size, args.ep_size, args.execution, options))
+        results.append(predict(args.model, args.device, config, args.tp_size, args.ep_size, args.execution, options,
+                               args.engine, args.ep_style))
     base = results[0].estimate.latency_s if rates[0] == 0 else None
     if base is None:
         base = predict(args.model, args.device, UserInputConfig(args.num_queries, args.query_length,
                                                                 args.context_length), args.tp_size, args.ep_size,
-                       args.execution, options).estimate.latency_s
+                       args.execution, options, args.engine, args.ep_style).estimate.latency_s
     rows = [{"prefix_cache_hit_rate": r.config.prefix_cache_hit_rate, "cached_tokens": r.info.cached_tokens,
              "effective_query_length": r.info.query_len, "ttft_ms": r.estimate.latency_s * 1e3,
              "prefill_tokens_per_s": r.throughput, "speedup": base / r.estimate.latency_s} for r in results]
@@ -175,7 +183,8 @@ def body(args) -> int:
         warn("--prefix-cache-hit-rate applies to prefill only; ignored for --decode (RFC 5.2)")
     query = 1 if args.decode and args.query_length is None else args.query_length
     config = UserInputConfig(args.num_queries, query, args.context_length, args.decode, args.prefix_cache_hit_rate)
-    result = predict(args.model, args.device, config, args.tp_size, args.ep_size, args.execution, options)
+    result = predict(args.model, args.device, config, args.tp_size, args.ep_size, args.execution, options,
+                     args.engine, args.ep_style)
     print(json.dumps(result.as_json(), indent=1) if args.json else render(result))
     return 0
 

@@ -75,9 +75,10 @@ class Evaluator:
     """Prices candidates; every distinct forward shape is traced once and costed per layout."""
 
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, shapes: ServingShapes, options: TraceOptions,
-                 execution: str, limits: Limits, num_devices: int):
+                 execution: str, limits: Limits, num_devices: int, engine: str = "vllm", ep_style: str = "all-tokens"):
         self.spec, self.hw, self.shapes, self.options = spec, hw, shapes, options
         self.execution, self.limits, self.num_devices = execution, limits, num_devices
+        self.engine, self.ep_style = engine, ep_style
         self._latency: dict = {}
         self.hit_rate_mix: list[tuple[float, float]] | None = None
 
@@ -85,7 +86,8 @@ class Evaluator:
         key = (request, tp, ep)
         if key not in self._latency:
             t = trace(self.spec, request, self.options)
-            self._latency[key] = estimate(t, self.hw, self.execution, Parallelism(tp, ep)).wall_s
+            par = Parallelism(tp, ep, self.ep_style)
+            self._latency[key] = estimate(t, self.hw, self.execution, par, self.engine).wall_s
         return self._latency[key]
 
     def wave_s(self, batch: int, tp: int, ep: int) -> float:
@@ -216,7 +218,7 @@ def optimize(args) -> dict:
         if args.num_devices % tp:
             raise ValueError(f"--tp-sizes: {tp} does not divide --num-devices {args.num_devices}")
     evaluator = Evaluator(spec, hw, shapes, options, args.execution, Limits(args.ttft_limit, args.tpot_limit),
-                          args.num_devices)
+                          args.num_devices, args.engine, args.ep_style)
     evaluator.hit_rate_mix = mix
     is_moe = any(op.experts is not None for op in trace(spec, Request(1, 1, 1, decode=True), options).ops)
     modes = [MIXED, DISAGG] if args.mode == "both" else [args.mode]
@@ -232,6 +234,7 @@ def optimize(args) -> dict:
     ranked = feasible + sorted((c for c in candidates if not c.meets_limits), key=lambda c: -c.throughput_tokens_per_s)
     result = {
         "model": spec.name, "device": hw.name, "num_devices": args.num_devices, "mode": args.mode,
+        "execution": args.execution, "engine": args.engine if args.execution == "engine" else None,
         "input_length": shapes.input_length, "output_length": shapes.output_length,
         "prefix_cache_hit_rate": shapes.prefix_cache_hit_rate, "cached_prefix_tokens": shapes.cached_prefix_tokens,
         "effective_input_length": shapes.effective_input_length, "max_prefill_tokens": shapes.max_prefill_tokens,

@@ -1,0 +1,213 @@
+"""Fit one engine's kernel models on one device to the published kernel tables.
+
+Each kernel model (GEMM per weight format, attention per phase and KV format, fused MoE per weight
+format, all-reduce per implementation and GPU count, activation quantization) is fitted on a seeded
+random half of its table's rows by robust least squares on the log time ratio, within each parameter's
+physical range. The other half is never seen by the fit: `bench/kernel_accuracy.py` reports on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
+                             PrefillAttentionParams, StreamParams, quant_time)
+from .kernel_db import KernelTable
+from .kernel_rows import group_key, price_group
+from .profile import HardwareProfile
+
+MAX_FIT_ROWS = 4000   # a random subset of the fit half bounds the time of each fit
+
+
+def split(n: int, seed: int = 0, fraction: float = 0.5) -> np.ndarray:
+    """True for the rows a fit may use: a seeded random `fraction` of a table."""
+    return np.random.default_rng(seed).random(n) < fraction
+
+
+def least_squares_fit(initial, predict, measured: np.ndarray):
+    """Parameters minimizing a robust (soft-L1, ~10% scale) loss of log(predicted / measured), within bounds.
+    Parameters that act in steps (declared with a grid) are tried at each grid point; the best fit wins."""
+    from itertools import product
+
+    from scipy.optimize import least_squares
+    low, high = initial.bounds()
+    names = initial.fitted_names()
+    grids = initial.grids()
+
+    def residuals(x):
+        with np.errstate(all="ignore"):
+            pred = predict(initial.with_vector(x))
+        r = np.log(np.maximum(pred, 1e-12) / measured)
+        return np.where(np.isfinite(r), r, 10.0)
+
+    best, best_cost = initial, np.inf
+    for point in product(*grids.values()) if grids else [()]:
+        start = replace(initial, **dict(zip(grids, point))).vector()
+        lo, hi = low.copy(), high.copy()
+        for name, value in zip(grids, point):  # a grid parameter stays at its grid value
+            i = names.index(name)
+            lo[i], hi[i] = value - 1e-9 * (1 + abs(value)), value + 1e-9 * (1 + abs(value))
+        x0 = np.clip(start, lo + 1e-12 * (hi - lo), hi - 1e-12 * (hi - lo))
+        result = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
+                               x_scale=np.maximum(np.abs(x0), 1e-3), diff_step=1e-3, max_nfev=300 if not grids else 120)
+        if result.cost < best_cost:
+            best, best_cost = initial.with_vector(np.clip(result.x, low, high)), result.cost
+    return best
+
+
+@dataclass
+class FitReport:
+    group: tuple
+    fit_rows: int
+    held_rows: int
+
+
+def _groups(table: KernelTable) -> dict[tuple, np.ndarray]:
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(table.rows):
+        groups.setdefault(group_key(row), []).append(i)
+    return {k: np.array(v) for k, v in groups.items()}
+
+
+def _subset(index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return index if len(index) <= MAX_FIT_ROWS else np.sort(rng.choice(index, MAX_FIT_ROWS, replace=False))
+
+
+def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, origin: str, seed: int = 0,
+              fraction: float = 0.5, base: EngineCalibration | None = None, progress=None,
+              only: set[str] | None = None) -> EngineCalibration:
+    """Fit every kernel model the tables cover (or the tables named in `only`, keeping `base` for the rest);
+    `base` also supplies starting points and the sections no table covers."""
+    rng = np.random.default_rng(seed + 1)
+    cal = EngineCalibration(engine=engine, origin=origin)
+    say = progress or (lambda message: None)
+    if only is not None:
+        tables = {name: t for name, t in tables.items() if name in only}
+
+    if "quant" in tables:
+        t = tables["quant"]
+        keep = split(len(t.rows), seed, fraction)
+        m = np.array([r[0] for r in t.rows], float)[keep]
+        k = np.array([r[1] for r in t.rows], float)[keep]
+        start = (base.quant if base and base.quant else StreamParams())
+        quant = least_squares_fit(start, lambda p: quant_time(p, hw.bandwidth, hw.l2_bytes, m, k).seconds,
+                                  t.seconds[keep])
+        say(f"quant: {keep.sum()} rows")
+    else:
+        quant = base.quant if base and base.quant else StreamParams()
+    # the fused norm / activation kernels are streaming kernels like the quantization one
+    cal = replace(cal, quant=quant, elementwise=replace(quant, row_ns=0.0))
+
+    keep = base if (only is not None and base is not None) else None
+    sections = {name: dict(getattr(keep, name)) if keep else {}
+                for name in ("gemm", "prefill_attention", "decode_attention", "moe", "allreduce")}
+    for name in ("gemm", "prefill_attention", "decode_attention", "moe", "custom_allreduce", "nccl"):
+        if name not in tables:
+            continue
+        t = tables[name]
+        keep = split(len(t.rows), seed, fraction)
+        for key, index in _groups(t).items():
+            fit_index = _subset(index[keep[index]], rng)
+            if len(fit_index) < 8:
+                continue
+            rows = [t.rows[i] for i in fit_index]
+            start = _start(key, base)
+            params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
+                                       t.seconds[fit_index])
+            _store(sections, key, params)
+            say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
+    return replace(cal, gemm=sections["gemm"], prefill_attention=sections["prefill_attention"],
+                   decode_attention=sections["decode_attention"], moe=sections["moe"], allreduce=sections["allreduce"])
+
+
+def _start(key: tuple, base: EngineCalibration | None):
+    kind = key[0]
+    if kind == "gemm":
+        return (base.gemm.get(key[1]) if base else None) or GemmParams()
+    if kind == "attention":
+        table = (base.prefill_attention if key[1] == "prefill" else base.decode_attention) if base else {}
+        return table.get(key[2]) or (PrefillAttentionParams() if key[1] == "prefill" else DecodeAttentionParams())
+    if kind == "moe":
+        return (base.moe.get(key[1]) if base else None) or MoeParams()
+    curves = base.allreduce.get(key[1], {}) if base else {}
+    return curves.get(key[2]) or CollectiveCurve()
+
+
+def _store(sections: dict, key: tuple, params) -> None:
+    kind = key[0]
+    if kind == "gemm":
+        sections["gemm"][key[1]] = params
+    elif kind == "attention":
+        sections[f"{key[1]}_attention"][key[2]] = params
+    elif kind == "moe":
+        sections["moe"][key[1]] = params
+    else:
+        sections["allreduce"].setdefault(key[1], {})[key[2]] = params
+
+
+SYSTEM_PROFILES = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100", "l40s": "l40s"}
+
+
+def held_out_errors(cal: EngineCalibration, hw: HardwareProfile, tables: dict[str, KernelTable], seed: int = 0,
+                    fraction: float = 0.5) -> dict[str, tuple[list, np.ndarray]]:
+    """Per table: the rows the fit did not use and predicted / measured - 1 for each."""
+    from .kernel_rows import price_rows
+    out = {}
+    for name, t in tables.items():
+        if name == "quant":
+            continue
+        held = ~split(len(t.rows), seed, fraction)
+        rows = [r for r, h in zip(t.rows, held) if h]
+        out[name] = (rows, price_rows(cal, hw, rows) / t.seconds[held] - 1.0)
+    return out
+
+
+def _median_log_error(errors: dict) -> float:
+    values = np.concatenate([np.abs(np.log1p(e)) for _, e in errors.values()]) if errors else np.array([np.inf])
+    return float(np.median(values))
+
+
+def run_engine(args) -> int:
+    import json
+    import sys
+
+    from .calibrate import write_result
+    from .engines import ENGINES
+    from .kernel_db import load_tables
+    from .profile import ProfileError, load_profile
+    if args.engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}")
+    if not args.system:
+        raise ValueError("--kernel-db needs --system (e.g. h100_sxm)")
+    if not 0.05 <= args.fit_fraction <= 1.0:
+        raise ValueError("--fit-fraction must be in [0.05, 1]")
+    profile = args.profile or SYSTEM_PROFILES.get(args.system)
+    if profile is None:
+        raise ValueError(f"no bundled profile for system '{args.system}': name one with --profile")
+    hw = load_profile(profile)
+    tables = load_tables(args.kernel_db, args.system, args.engine)
+    versions = sorted({t.source.split("/")[-2] for t in tables.values() if "/nccl/" not in t.source})
+    rows = sum(len(t.rows) for t in tables.values())
+    origin = (f"fitted by python -m cost.calibrate --kernel-db on AIConfigurator {args.system} {args.engine} "
+              f"{'/'.join(versions)} kernel tables ({rows} rows; seed {args.seed}, fit fraction {args.fit_fraction:g})")
+    try:
+        current = hw.engine(args.engine)
+        current = current if current.origin.startswith("fitted") else None
+    except ProfileError:
+        current = None
+    only = set(args.only.split(",")) if getattr(args, "only", None) else None
+    if only is not None and current is None:
+        raise ValueError("--only refits some tables of an existing calibration; this profile has none for "
+                         f"{args.engine}")
+    cal = calibrate(tables, hw, args.engine, origin, args.seed, args.fit_fraction, base=current,
+                    progress=lambda m: print(f"fitted {m}", file=sys.stderr, flush=True), only=only)
+    if args.dry_run:
+        print(json.dumps(cal.to_json(), indent=1))
+        return 0
+    after = _median_log_error(held_out_errors(cal, hw, tables, args.seed, args.fit_fraction))
+    before = _median_log_error(held_out_errors(current, hw, tables, args.seed, args.fit_fraction)) \
+        if current is not None else float("inf")
+    comparison = (f"held-out median error {'none' if current is None else f'{before * 100:.1f}%'} -> "
+                  f"{after * 100:.1f}%")
+    return write_result(hw, args.engine, cal.to_json(), args, comparison, after <= before * 1.001)

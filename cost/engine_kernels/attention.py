@@ -1,0 +1,146 @@
+"""Paged flash attention as serving engines run it (FlashAttention-3 / FlashInfer / TRT-LLM kernels).
+
+Each timed call also writes the new tokens' K/V into the paged cache, as the engines' attention
+layers do, so a model step prices no separate KV-write kernel.
+
+Prefill: CTAs of `tile_q` query rows (the query heads of one KV head share a CTA when the queries
+are short: GQA packing) each sweep their causal key tiles; tiles spread over the compute units,
+and every wave of CTAs pays a fixed prologue/epilogue:
+
+    compute = max(total tiles / units, longest CTA) x tile time + waves x CTA latency
+    time    = fixed + soft_max(compute, bytes / bandwidth)
+
+Decode: one CTA per (sequence, KV head), its keys split over more CTAs when the batch is small:
+
+    time = fixed + soft_max(waves x CTA latency, KV bytes / (bandwidth x parallelism))
+
+Each KV-cache format has its own fitted parameters (engines run different kernels for fp8 KV, and
+Hopper's dequantize on the fly, streaming fp8 bytes far below the bf16 rate: halving the bytes does
+not halve the time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .common import Times, arrays, soft_max
+from .params import ParamSet, param
+
+
+@dataclass(frozen=True)
+class PrefillAttentionParams(ParamSet):
+    fixed_us: float = param(10.0, 0.0, 60.0, "per call, KV-cache write included, us")
+    cta_us: float = param(3.0, 0.0, 60.0, "per wave of CTAs: load Q, page table, epilogue, us")
+    cta_head_dim_us: float = param(0.5, 0.0, 60.0, "CTA latency growing with head dim (per 128), us")
+    compute: float = param(0.7, 0.05, 1.0, "fraction of the matrix peak per busy unit, head dim 128")
+    head_dim_64: float = param(1.0, 0.3, 2.0, "efficiency at head dim 64 relative to 128 (its own kernel instance)")
+    head_dim_192: float = param(1.0, 0.3, 2.0, "efficiency at head dim 192 relative to 128")
+    head_dim_256: float = param(1.0, 0.3, 2.0, "efficiency at head dim 256 and above relative to 128")
+    softmax_ops: float = param(12.0, 0.0, 64.0, "vector ops per score (exp, max, sum, scale)")
+    occupancy: float = param(2.0, 0.5, 8.0, "CTAs resident per unit")
+    memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth for Q, O and cached-prefix traffic")
+    smoothness: float = param(2.0, 1.0, 10.0, "p of the soft max of compute and memory time")
+    write_memory: float = param(0.5, 0.01, 1.0, "fraction of HBM bandwidth writing new K/V into the paged cache")
+    write_token_ns: float = param(1.0, 0.0, 200.0, "paged-cache write per (token, KV head), ns")
+    kv_load: float = param(2.0, 0.05, 20.0, "bandwidth of the CTAs' K/V tile loads (mostly L2 hits) over HBM's")
+    tile_q: int = param(128, 16, 256, "query rows per CTA (kernel data)", fitted=False)
+    tile_k: int = param(128, 16, 256, "keys per tile (kernel data)", fitted=False)
+
+
+@dataclass(frozen=True)
+class DecodeAttentionParams(ParamSet):
+    fixed_us: float = param(8.0, 0.0, 60.0, "per call, KV write included, us")
+    combine_us: float = param(3.0, 0.0, 60.0, "the split-KV combine kernel, when keys are split, us")
+    cta_us: float = param(2.0, 0.0, 60.0, "latency of one CTA: load Q and the page table, epilogue, us")
+    cta_head_dim_us: float = param(1.0, -10.0, 60.0, "CTA latency change per 128 of head dim, us")
+    cta_group_us: float = param(0.02, 0.0, 10.0, "CTA latency per query head sharing a KV head, us")
+    occupancy: float = param(2.0, 0.25, 16.0, "CTAs resident per unit", grid=(1.0, 2.0, 4.0))
+    pack_gqa: float = param(1.0, 0.0, 1.0, "1: the query heads of a KV head share a CTA; 0: a CTA per query head",
+                            grid=(0.0, 1.0))
+    memory: float = param(0.88, 0.05, 1.0, "fraction of HBM bandwidth streaming the KV cache")
+    unit_bandwidth_gbps: float = param(60.0, 1.0, 2000.0, "the most one CTA streams, GB/s")
+    smoothness: float = param(1.2, 1.0, 10.0, "p of the soft max of CTA waves and streaming time")
+    max_splits: float = param(32.0, 1.0, 256.0, "how many CTAs one sequence's keys may be split over")
+    split_threshold: float = param(1.0, 0.05, 8.0, "no split once (sequence, KV head) CTAs fill this many waves")
+    l2_speedup: float = param(2.0, 1.0, 8.0, "bandwidth of an L2-resident KV cache (benchmarks) over HBM")
+    l2_fraction: float = param(0.8, 0.05, 1.0, "share of L2 a resident KV cache may fill")
+    window_overread: float = param(1.1, 1.0, 3.0, "keys read per key of a sliding window (page edges, splits)")
+    block_n: int = param(128, 16, 512, "keys per split unit (kernel data)", fitted=False)
+
+
+def _sum_min_series(first, step, cap, count):
+    """sum_{i<count} min(first + i*step, cap), elementwise (cap may be inf)."""
+    below = np.clip(np.ceil((cap - first) / step), 0, count)  # terms still under the cap
+    series = below * first + step * below * (below - 1) / 2
+    return series + (count - below) * np.where(np.isfinite(cap), cap, 0.0)
+
+
+def _head_dim_efficiency(p: PrefillAttentionParams, d):
+    """Flash kernels are compiled per head dim: interpolate the fitted efficiencies in log2(head dim)."""
+    points = np.log2([64.0, 128.0, 192.0, 256.0])
+    factors = [p.head_dim_64, 1.0, p.head_dim_192, p.head_dim_256]
+    return p.compute * np.interp(np.log2(np.maximum(d, 1.0)), points, factors)
+
+
+def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_flops: float, vector_flops: float,
+                           bandwidth: float, batch, query, context, heads, kv_heads, head_dim, v_head_dim=None,
+                           window=0, kv_bytes=2.0, act_bytes: float = 2.0) -> Times:
+    b, q, c, h, kvh, d, w, kvb = arrays(batch, query, context, heads, kv_heads, head_dim, window, kv_bytes)
+    dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
+    group = h / kvh
+    tq, tk = float(p.tile_q), float(p.tile_k)
+    # keys one query tile can see: no more than the sequence, nor than the window past its first query
+    cap = np.minimum(c + q, np.where(w > 0, w + tq, np.inf))
+    # GQA packing: short queries put a KV head's query heads into one CTA, each seeing all keys
+    packed = q * group <= tq
+    n_packed = np.ceil(q * group / tq)
+    longest = np.ceil(cap / tk)                      # key tiles of the busiest CTA
+    tiles_packed = n_packed * longest
+    n_q = np.ceil(q / tq)
+    keys_total = _sum_min_series(c + np.minimum(q, tq), tq, cap, n_q)  # causal: tile i sees keys up to its end
+    tiles_unpacked = (keys_total / tk + n_q / 2) * group            # + half a partial key tile per query tile
+    tiles = np.where(packed, tiles_packed, tiles_unpacked)          # per (sequence, KV head)
+    ctas = b * kvh * np.where(packed, n_packed, n_q * group)
+
+    tile_s = (2.0 * tq * tk * (d + dv) / (peak_flops / compute_units * _head_dim_efficiency(p, d))
+              + tq * tk * p.softmax_ops / (vector_flops / compute_units))
+    waves = np.ceil(ctas / (compute_units * p.occupancy))
+    compute = (np.maximum(b * kvh * tiles / compute_units, longest) * tile_s
+               + waves * (p.cta_us + p.cta_head_dim_us * d / 128.0) * 1e-6)
+    traffic = (b * q * h * (d + dv) * act_bytes                       # Q in, O out
+               + b * kvh * np.minimum(c, np.where(w > 0, w, np.inf)) * (d + dv) * kvb)  # cached prefix read
+    # plus the new tokens' K/V written into the paged cache, and every CTA's loads of its key tiles
+    # (query heads of one KV head in separate CTAs load the same tiles: L2 serves most of them)
+    loads = b * kvh * tiles * tk * (d + dv) * kvb
+    memory = (traffic / p.memory + b * q * kvh * (d + dv) * (act_bytes + kvb) / p.write_memory
+              + loads / p.kv_load) / bandwidth + b * q * kvh * p.write_token_ns * 1e-9
+    fixed = np.full_like(memory, p.fixed_us * 1e-6)
+    return Times(fixed + soft_max(compute, memory, p.smoothness), compute, memory, fixed)
+
+
+def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidth: float, l2_bytes: float,
+                          batch, context, heads, kv_heads, head_dim, v_head_dim=None, window=0, kv_bytes=2.0,
+                          act_bytes: float = 2.0, kv_shares_storage=False, resident: bool = False) -> Times:
+    """One query per sequence over `context` cached keys plus its own. `resident`: the KV cache stays in L2
+    between calls when it fits (a benchmark replaying one layer); a model step's layers each read their own.
+
+    One CTA per (sequence, KV head) carries the query heads that share it; with too few of them to fill the
+    chip the keys are split over more CTAs (and a combine kernel merges the partial results)."""
+    b, c, h, kvh, d, w, kvb = arrays(batch, context, heads, kv_heads, head_dim, window, kv_bytes)
+    dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
+    keys = np.where(w > 0, np.minimum(c + 1, w * p.window_overread), c + 1)
+    items = b * kvh * (1.0 + (h / kvh - 1.0) * (1.0 - p.pack_gqa))
+    slots = compute_units * p.occupancy
+    blocks = np.ceil(keys / p.block_n)
+    splits = np.where(items >= p.split_threshold * slots, 1.0,
+                      np.clip(np.ceil(slots / items), 1.0, np.minimum(blocks, p.max_splits)))
+    key_bytes = (d + np.where(kv_shares_storage, 0.0, dv)) * kvb
+    kv_read = items * keys * key_bytes
+    hot = resident & (kv_read <= l2_bytes * p.l2_fraction)
+    stream = (np.where(hot, kv_read / p.l2_speedup, kv_read) + b * h * (d + dv) * act_bytes) / (bandwidth * p.memory)
+    latency = np.maximum(p.cta_us + p.cta_head_dim_us * d / 128.0 + p.cta_group_us * h / kvh * p.pack_gqa, 0.05)
+    cta = latency * 1e-6 + np.ceil(keys / splits) * key_bytes / (p.unit_bandwidth_gbps * 1e9)
+    waves = np.ceil(items * splits / slots) * cta
+    fixed = p.fixed_us * 1e-6 + (splits > 1) * p.combine_us * 1e-6 + np.zeros_like(stream)
+    return Times(fixed + soft_max(waves, stream, p.smoothness), waves, stream, fixed)

@@ -1,0 +1,111 @@
+"""One engine's fitted kernel models on one device: the `engines.<name>` section of a hardware profile."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .attention import DecodeAttentionParams, PrefillAttentionParams
+from .collective import IMPLEMENTATIONS, CollectiveCurve
+from .gemm import GemmParams
+from .moe import MoeParams
+from .params import ParamSet
+from .stream import StreamParams
+
+GEMM_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4")
+KV_FORMATS = ("bf16", "fp8", "bf16_window", "fp8_window")   # sliding-window attention: its own kernel instance
+MOE_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4", "int4")
+SECTIONS = ("gemm", "quant", "elementwise", "prefill_attention", "decode_attention", "moe", "allreduce")
+
+
+@dataclass(frozen=True)
+class EngineCalibration:
+    engine: str
+    origin: str                                   # what it was fitted on, or which profile it comes from
+    gemm: dict[str, GemmParams] = field(default_factory=dict)
+    quant: StreamParams | None = None
+    elementwise: StreamParams | None = None
+    prefill_attention: dict[str, PrefillAttentionParams] = field(default_factory=dict)   # by KV-cache format
+    decode_attention: dict[str, DecodeAttentionParams] = field(default_factory=dict)
+    moe: dict[str, MoeParams] = field(default_factory=dict)
+    allreduce: dict[str, dict[int, CollectiveCurve]] = field(default_factory=dict)
+    inherited: tuple[str, ...] = ()               # sections taken from another calibration, said in notes
+
+    def merged_over(self, base: "EngineCalibration", base_label: str) -> "EngineCalibration":
+        """Fill what this calibration lacks from `base`, recording which sections were inherited."""
+        taken = []
+        values = {}
+        for name in SECTIONS:
+            mine, theirs = getattr(self, name), getattr(base, name)
+            if isinstance(mine, dict):
+                missing = {k: v for k, v in theirs.items() if k not in mine}
+                taken += [f"{name}.{k} from {base_label}" for k in missing]
+                values[name] = {**missing, **mine}
+            else:
+                if mine is None and theirs is not None:
+                    taken.append(f"{name} from {base_label}")
+                values[name] = mine if mine is not None else theirs
+        return EngineCalibration(engine=self.engine, origin=self.origin, inherited=self.inherited + tuple(taken),
+                                 **values)
+
+    def to_json(self) -> dict:
+        out: dict = {"origin": self.origin}
+        if self.gemm:
+            out["gemm"] = {k: v.to_json() for k, v in self.gemm.items()}
+        for name in ("quant", "elementwise"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name).to_json()
+        for name in ("prefill_attention", "decode_attention", "moe"):
+            if getattr(self, name):
+                out[name] = {k: v.to_json() for k, v in getattr(self, name).items()}
+        if self.allreduce:
+            out["allreduce"] = {impl: {str(n): c.to_json() for n, c in sorted(curves.items())}
+                                for impl, curves in self.allreduce.items()}
+        return out
+
+
+def _keyed(data, where: str, allowed: tuple[str, ...], cls: type[ParamSet]) -> dict:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: must be an object keyed by {', '.join(allowed)}")
+    for key in data:
+        if key not in allowed:
+            raise ValueError(f"{where}: unknown key '{key}' (choose from {', '.join(allowed)})")
+    return {k: cls.from_json(v, f"{where}.{k}") for k, v in data.items()}
+
+
+def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
+    """Validate an `engines.<engine>` section (without `from`); every error names the field."""
+    allowed = {"origin", *SECTIONS}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown field '{unknown[0]}' (fields: {', '.join(sorted(allowed))})")
+    origin = data.get("origin", "fitted")
+    if not isinstance(origin, str):
+        raise ValueError(f"{where}.origin: must be a string")
+    allreduce = {}
+    raw = data.get("allreduce", {})
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}.allreduce: must be an object keyed by {', '.join(IMPLEMENTATIONS)}")
+    for impl, curves in raw.items():
+        if impl not in IMPLEMENTATIONS:
+            raise ValueError(f"{where}.allreduce: unknown implementation '{impl}' (choose from "
+                             f"{', '.join(IMPLEMENTATIONS)})")
+        if not isinstance(curves, dict) or not curves:
+            raise ValueError(f"{where}.allreduce.{impl}: must map GPU counts to curves")
+        parsed = {}
+        for n, curve in curves.items():
+            if not str(n).isdigit() or int(n) < 2:
+                raise ValueError(f"{where}.allreduce.{impl}: GPU count '{n}' must be an integer >= 2")
+            parsed[int(n)] = CollectiveCurve.from_json(curve, f"{where}.allreduce.{impl}.{n}")
+        allreduce[impl] = parsed
+
+    def optional(name, cls):
+        return cls.from_json(data[name], f"{where}.{name}") if name in data else None
+
+    return EngineCalibration(
+        engine=engine, origin=origin,
+        gemm=_keyed(data.get("gemm", {}), f"{where}.gemm", GEMM_FORMATS, GemmParams),
+        quant=optional("quant", StreamParams), elementwise=optional("elementwise", StreamParams),
+        prefill_attention=_keyed(data.get("prefill_attention", {}), f"{where}.prefill_attention", KV_FORMATS,
+                                 PrefillAttentionParams),
+        decode_attention=_keyed(data.get("decode_attention", {}), f"{where}.decode_attention", KV_FORMATS,
+                                DecodeAttentionParams),
+        moe=_keyed(data.get("moe", {}), f"{where}.moe", MOE_FORMATS, MoeParams), allreduce=allreduce)

@@ -1,0 +1,30 @@
+"""Helpers shared by the engine kernel models. Every model works on numpy arrays of calls (the
+calibration prices a whole table at once) and equally on single calls (a model step)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Times:
+    """Seconds per call and the parts it is made of, arrays (or scalars) of the same shape."""
+    seconds: np.ndarray
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    fixed_s: np.ndarray
+
+    def scalar(self, i: int = 0) -> "Times":
+        pick = lambda a: float(np.ravel(a)[i] if np.ndim(a) else a)  # noqa: E731
+        return Times(pick(self.seconds), pick(self.compute_s), pick(self.memory_s), pick(self.fixed_s))
+
+
+def soft_max(a, b, p):
+    """(a^p + b^p)^(1/p): max(a, b) when p is large, a + b when p = 1; kernels overlap work partly."""
+    hi = np.maximum(np.maximum(a, b), 1e-30)
+    return hi * ((a / hi) ** p + (b / hi) ** p) ** (1.0 / p)
+
+
+def arrays(*values):
+    return [np.asarray(v, dtype=float) for v in values]

@@ -1,0 +1,62 @@
+"""A fused-MoE layer as the engines run it: routing (top-k), permutation into per-expert groups, the
+gate/up and down grouped GEMMs with the activation between them, and the weighted combine.
+
+Under tensor parallelism each rank holds every expert's 1/tp slice; under expert parallelism each rank
+holds E/ep whole experts. In vLLM's default EP every token passes through every rank's routing and
+permutation, and only the pairs routed to local experts reach the GEMMs (`tokens` = all tokens on the
+rank). Dispatch-style EP (DeepEP) sends each rank only its pairs: the caller passes those tokens.
+
+    GEMMs   = for the best row tile: waves of (padded expert rows x output tiles) x tile time
+    memory  = active experts' weights + activations, over HBM bandwidth
+    time    = fixed + tokens x token latency + pairs x pair latency + active experts x expert latency
+              + soft_max(GEMMs, memory)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .common import Times, arrays, soft_max
+from .params import ParamSet, param
+from .routing import BLOCK_M
+
+BLOCK_N = 128.0
+_REFERENCE_REUSE = 128 * 128 / (128 + 128)
+
+
+@dataclass(frozen=True)
+class MoeParams(ParamSet):
+    compute: float = param(0.7, 0.05, 1.0, "fraction of the matrix peak of the largest row tile")
+    tile_sensitivity: float = param(0.3, 0.0, 3.0, "efficiency loss of smaller row tiles")
+    k_latency_ns: float = param(1.0, 0.0, 20.0, "ns per K element of one tile's loop when latency-bound")
+    memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth streaming expert weights")
+    fixed_us: float = param(20.0, 0.0, 200.0, "per layer call: the kernels' launches and tails, us")
+    token_ns: float = param(5.0, 0.0, 500.0, "routing and permutation per token, ns")
+    pair_ns: float = param(1.0, 0.0, 200.0, "alignment and combine per (token, expert) pair, ns")
+    expert_us: float = param(0.3, 0.0, 20.0, "per active local expert (group scheduling), us")
+    smoothness: float = param(2.0, 1.0, 10.0, "p of the soft max of GEMM and memory time")
+
+
+def moe_time(p: MoeParams, compute_units: int, peak_flops: float, bandwidth: float, tokens, hidden, inter_local,
+             top_k, pairs_local, active_local, padded_tiles, gated=True, weight_bytes: float = 2.0,
+             act_bytes: float = 2.0) -> Times:
+    """`padded_tiles[..., i]`: sum over local experts of ceil(rows / BLOCK_M[i]) (routing.RoutingStats)."""
+    t, h, i_l, k, pairs, active = arrays(tokens, hidden, inter_local, top_k, pairs_local, active_local)
+    up = np.where(gated, 2.0, 1.0) * i_l
+    best = None
+    for j, block_m in enumerate(BLOCK_M):
+        rows = np.asarray(padded_tiles, dtype=float)[..., j]
+        reuse = block_m * BLOCK_N / (block_m + BLOCK_N)
+        efficiency = p.compute / (1.0 + p.tile_sensitivity * (_REFERENCE_REUSE / reuse - 1.0))
+        per_k = np.maximum(2.0 * block_m * BLOCK_N / (peak_flops / compute_units * efficiency), p.k_latency_ns * 1e-9)
+        gemms = 0.0
+        for n_out, k_in in ((up, h), (h, i_l)):
+            tiles = rows * np.ceil(n_out / BLOCK_N)
+            gemms = gemms + np.ceil(tiles / compute_units) * k_in * per_k
+        best = gemms if best is None else np.minimum(best, gemms)
+    weights = active * (up * h + h * i_l) * weight_bytes
+    activations = (t * h + pairs * (h + up + i_l + h)) * act_bytes
+    memory = (weights + activations) / (bandwidth * p.memory)
+    fixed = (p.fixed_us * 1e-6 + t * p.token_ns * 1e-9 + t * k * p.pair_ns * 1e-9 + active * p.expert_us * 1e-6)
+    return Times(fixed + soft_max(best, memory, p.smoothness), best, memory, fixed)

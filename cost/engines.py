@@ -1,0 +1,88 @@
+"""Serving engines as tracecost prices them: one entry per engine, the behaviour its kernel models assume.
+
+The kernel times themselves are fitted per device and engine (`hw_profiles/*.json`, section `engines`);
+what lives here is how each engine composes kernels into a step and a server: its all-reduce choice, its
+scheduler's default limits, its memory budget, its CUDA-graph coverage, and (fitted on published end-to-end
+runs, `cost/engine_serving.json`) the time a step and a request cost beyond the kernels.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from .engine_kernels.params import ParamSet, param
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """What the engine does unless told otherwise."""
+    max_num_seqs: int            # requests running at once
+    max_batched_tokens: int      # tokens per step (chunked prefill budget, decode tokens included)
+    memory_fraction: float       # of total memory (weights + KV + reserve), or of what the weights leave free
+    memory_of_free: bool
+    graph_max_batch: int         # decode batches up to this run as CUDA graphs, larger ones launch eagerly
+    chunked_prefill: bool        # long prompts are split over steps within max_batched_tokens
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    label: str
+    # the engine's own all-reduce serves messages up to this size over NVLink, NCCL the rest
+    custom_allreduce_max_bytes: int
+    # GPU counts the custom all-reduce supports; on PCIe-only machines it serves at most two GPUs
+    custom_allreduce_gpus: tuple[int, ...] = (2, 4, 6, 8)
+    pcie_custom_allreduce_max_gpus: int = 2
+
+    def serving_defaults(self, memory_gb: float, device_name: str) -> ServingDefaults:
+        big = memory_gb >= 70 and "a100" not in device_name.lower()
+        if self.name == "vllm":
+            # vllm/engine/arg_utils.py get_batch_defaults (API server): 8192 tokens / 1024 seqs on >= 70 GiB
+            # GPUs other than A100, else 2048 / 256; gpu_memory_utilization 0.9; graphs up to 512
+            return ServingDefaults(1024 if big else 256, 8192 if big else 2048, 0.9, False, 512, True)
+        if self.name == "sglang":
+            # sglang/srt/server_args.py: chunked_prefill_size 8192 on large GPUs (else 2048),
+            # mem_fraction_static about 0.88, cuda_graph_max_bs 256 on large GPUs (else 160)
+            return ServingDefaults(2048, 8192 if big else 2048, 0.88, False, 256 if big else 160, True)
+        # TensorRT-LLM (trtllm-serve / trtllm-bench): max_batch_size 2048, max_num_tokens 8192,
+        # KV cache takes free_gpu_memory_fraction 0.9 of what the engine leaves free; no chunked context
+        return ServingDefaults(2048, 8192, 0.9, True, 2048, False)
+
+
+# vLLM: vllm/distributed/device_communicators/custom_all_reduce.py (max_size 8 MiB; world sizes 2, 4, 6, 8;
+# disabled on more than two PCIe-only GPUs). SGLang ships the same kernel (sgl-kernel custom_all_reduce).
+# TensorRT-LLM: its AllReduce plugin's one-/two-shot kernels serve up to the same order of message size.
+ENGINES: dict[str, Engine] = {
+    "vllm": Engine("vllm", "vLLM", custom_allreduce_max_bytes=8 * 2**20),
+    "sglang": Engine("sglang", "SGLang", custom_allreduce_max_bytes=8 * 2**20),
+    "trtllm": Engine("trtllm", "TensorRT-LLM", custom_allreduce_max_bytes=8 * 2**20),
+}
+DEFAULT_ENGINE = "vllm"
+
+
+@dataclass(frozen=True)
+class ServingOverheads(ParamSet):
+    """Time a serving engine spends beyond its kernels, fitted on published end-to-end runs."""
+    step_us: float = param(300.0, 0.0, 20000.0, "scheduler and host work per step, us")
+    seq_us: float = param(2.0, 0.0, 200.0, "per running request per step (batch bookkeeping, sampling), us")
+    gpu_sync_us: float = param(200.0, 0.0, 20000.0, "per step and per extra GPU of a TP/PP group (rank sync), us")
+    request_ms: float = param(10.0, 0.0, 500.0, "per request outside the steps: API, tokenization, first token, ms")
+    reserve_gb: float = param(2.0, 0.0, 40.0, "memory held besides weights and KV: context, graphs, buffers, GB")
+
+
+@lru_cache(maxsize=1)
+def _overheads_data() -> dict:
+    return json.loads((resources.files("cost") / "engine_serving.json").read_text())
+
+
+def serving_overheads(engine: str) -> tuple[ServingOverheads, str]:
+    """The engine's fitted overheads and where they come from (another engine's fit, when it has none)."""
+    data = _overheads_data()
+    entry = data.get(engine) or {}
+    if "from" in entry:
+        params, origin = serving_overheads(entry["from"])
+        return params, f"no {ENGINES[engine].label} end-to-end data: {ENGINES[entry['from']].label}'s ({origin})"
+    return ServingOverheads.from_json(entry.get("params", {}), f"engine_serving.json:{engine}"), \
+        entry.get("origin", "defaults (not fitted)")

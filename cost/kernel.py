@@ -1,0 +1,77 @@
+"""python -m cost.kernel --device D [--engine E] --jsonl ROWS: predict kernel times for your own benchmarks.
+
+ROWS is a file (or - for stdin) with one JSON object per line; each is written back with "ms" added:
+
+    {"op":"gemm","m":..,"n":..,"k":..,"dtype":"bf16|fp8|fp8_block|nvfp4"}
+    {"op":"attention","phase":"prefill|decode","batch":..,"query":..,"context":..,"heads":..,"kv_heads":..,
+     "head_dim":..,"window":0,"kv_dtype":"bf16|fp8"}             (decode: query 1 over context + 1 keys)
+    {"op":"moe","tokens":..,"hidden":..,"inter":..,"experts":..,"top_k":..,"tp":1,"ep":1,"dtype":..,
+     "distribution":"balanced|power_law_1.2|random"}
+    {"op":"allreduce","bytes":..,"gpus":..,"impl":"nccl|custom"}
+
+Each timed region is what the published kernel tables time (cost/kernel_rows.py says exactly what).
+A bad row stops with an error naming its line number; nothing is written for it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .engines import DEFAULT_ENGINE, ENGINES
+from .kernel_rows import RowError, parse_row, price_rows
+from .profile import ProfileError, load_profile
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def read_rows(stream) -> tuple[list[dict], list]:
+    objects, rows = [], []
+    for line_no, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RowError(f"line {line_no}: not JSON ({e.msg})") from None
+        rows.append(parse_row(obj, line_no))
+        objects.append(obj)
+    return objects, rows
+
+
+def main(argv=None) -> int:
+    p = _Parser(prog="python -m cost.kernel", description=__doc__.split("\n")[0])
+    p.add_argument("--device", required=True, help="hardware profile name/alias or .json path")
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES))
+    p.add_argument("--jsonl", required=True, metavar="ROWS", help="rows file, or - for stdin")
+    args = p.parse_args(argv)
+    try:
+        hw = load_profile(args.device)
+        cal = hw.engine(args.engine)
+        if args.jsonl == "-":
+            objects, rows = read_rows(sys.stdin)
+        else:
+            with open(args.jsonl, encoding="utf-8") as f:
+                objects, rows = read_rows(f)
+        seconds = price_rows(cal, hw, rows) if rows else []
+    except (RowError, ProfileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"error: cannot read {args.jsonl}: {e}", file=sys.stderr)
+        return 2
+    try:
+        for obj, s in zip(objects, seconds):
+            print(json.dumps({**obj, "ms": round(float(s) * 1e3, 6)}))
+    except BrokenPipeError:
+        sys.stderr.close()
+    print(f"{len(rows)} rows priced with {ENGINES[args.engine].label} kernels on {hw.name} ({cal.origin})",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Published kernel tables (NVIDIA AIConfigurator's measured kernel database) as tracecost kernel rows.
+
+    pip download --no-deps aiconfigurator-core==0.12.0     # the wheel holds the tables (Apache-2.0)
+
+DIR is the wheel itself, its unzipped folder, or any folder holding `<system>/<op>/<framework>/<version>/*.parquet`.
+For each table the newest collected version is read. Reading parquet needs pyarrow
+(`pip install 'tracecost[calibrate]'`); tracecost never needs the tables at run time.
+
+Semantics (read from the collectors and checked against the numbers): latency is ms per call, timed as
+CUDA-graph replays; generation attention is one query over step + 1 keys in vLLM >= 0.22 collectors (step
+keys before); message sizes of the all-reduce tables count 2-byte elements per GPU.
+"""
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow
+
+_DTYPES = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+_MOE_DTYPES = {**_DTYPES, "int4_wo": "int4", "w4a16_mxfp4": "int4"}
+_KV = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8"}
+_GRAPH_BACKENDS = {"vllm_graph", "sglang_graph", "trtllm_graph", "graph"}
+
+
+class KernelDBError(ValueError):
+    """The kernel tables cannot be read; the message says what is missing."""
+
+
+@dataclass
+class KernelTable:
+    """One kernel class's measured rows on one system and engine."""
+    name: str              # gemm, context_attention, generation_attention, moe, custom_allreduce, nccl, quant
+    source: str            # the table file it came from
+    rows: list
+    seconds: np.ndarray
+
+
+def _version_key(version: str) -> tuple:
+    parts = re.findall(r"\d+|[a-z]+", version.lower())
+    return tuple((0, int(p)) if p.isdigit() else (-1, p) for p in parts)
+
+
+class _Store:
+    """Files under the tables root, in a folder or inside the wheel."""
+
+    def __init__(self, path: str):
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise KernelDBError(f"kernel tables not found: {path}")
+        self.zip = zipfile.ZipFile(p) if p.is_file() else None
+        names = self.zip.namelist() if self.zip else [str(f.relative_to(p)) for f in p.rglob("*.parquet")]
+        self.root = p
+        self.files = [n for n in names if n.endswith(".parquet")]
+        if not self.files:
+            raise KernelDBError(f"{path}: no parquet tables inside (pass the aiconfigurator-core wheel or its folder)")
+
+    def find(self, system: str, op: str, framework: str, filename: str) -> str | None:
+        pattern = re.compile(rf"(^|/){re.escape(system)}/{re.escape(op)}/{re.escape(framework)}/([^/]+)/"
+                             rf"{re.escape(filename)}$")
+        found = [(m.group(2), name) for name in self.files if (m := pattern.search(name))]
+        return max(found, key=lambda vn: _version_key(vn[0]))[1] if found else None
+
+    def read(self, name: str):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise KernelDBError("reading the kernel tables needs pyarrow: pip install 'tracecost[calibrate]'") from None
+        data = io.BytesIO(self.zip.read(name)) if self.zip else str(self.root / name)
+        return pq.read_table(data).to_pydict()
+
+    def systems(self) -> list[str]:
+        return sorted({n.split("/")[-5] for n in self.files if n.count("/") >= 4})
+
+
+def _gemm(t) -> tuple[list, list]:
+    rows, ms = [], []
+    for dtype, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"]):
+        if dtype in _DTYPES:
+            rows.append(GemmRow(int(m), int(n), int(k), _DTYPES[dtype]))
+            ms.append(lat)
+    return rows, ms
+
+
+def _attention(t, phase: str, keys_after_step: bool) -> tuple[list, list]:
+    rows, ms = [], []
+    windows = t.get("window_size") or [0] * len(t["latency"])
+    for i, lat in enumerate(t["latency"]):
+        kv = _KV.get(t["kv_cache_dtype"][i])
+        if kv is None:
+            continue
+        b, h, kvh, d = (int(t[c][i]) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
+        if phase == "prefill":
+            q, c = int(t["isl"][i]), 0
+        else:
+            q, c = 1, int(t["step"][i]) if keys_after_step else max(0, int(t["step"][i]) - 1)
+        rows.append(AttentionRow(phase, b, q, c, h, kvh, d, int(windows[i] or 0), kv))
+        ms.append(lat)
+    return rows, ms
+
+
+def _gated(hidden: int, experts: int, top_k: int) -> bool:
+    """The tables carry no activation column: Nemotron-H's relu^2 experts (no gate projection) are the collected
+    geometries with 22 of 512 experts, or 6 of 128 at hidden 2688 (collector/cases/models/NemotronH*)."""
+    return not ((experts, top_k) == (512, 22) or (experts, top_k, hidden) == (128, 6, 2688))
+
+
+def _moe(t) -> tuple[list, list]:
+    rows, ms = [], []
+    for i, lat in enumerate(t["latency"]):
+        dtype = _MOE_DTYPES.get(t["moe_dtype"][i])
+        tp, ep = int(t["moe_tp_size"][i]), int(t["moe_ep_size"][i])
+        if dtype is None or (tp > 1 and ep > 1):
+            continue
+        hidden, experts, top_k = int(t["hidden_size"][i]), int(t["num_experts"][i]), int(t["topk"][i])
+        rows.append(MoeRow(int(t["num_tokens"][i]), hidden, int(t["inter_size"][i]), experts, top_k, tp, ep, dtype,
+                           t["distribution"][i], _gated(hidden, experts, top_k)))
+        ms.append(lat)
+    return rows, ms
+
+
+def _allreduce(t, impl: str) -> tuple[list, list]:
+    rows, ms = [], []
+    backends = t.get("backend") or ["graph"] * len(t["latency"])
+    ops = t.get("op_name") or ["all_reduce"] * len(t["latency"])
+    dtypes = t.get("nccl_dtype") or t.get("allreduce_dtype") or ["half"] * len(t["latency"])
+    for i, lat in enumerate(t["latency"]):
+        if ops[i] != "all_reduce" or dtypes[i] not in ("half", "bfloat16", "float16"):
+            continue
+        if impl == "custom" and backends[i] not in _GRAPH_BACKENDS:
+            continue
+        rows.append(AllreduceRow(int(t["message_size"][i]) * 2, int(t["num_gpus"][i]), impl))
+        ms.append(lat)
+    return rows, ms
+
+
+def _quant(static, dynamic_extra) -> tuple[list, list]:
+    """Dynamic per-token fp8 quantization = the static quant kernel + the per-token scale computation."""
+    extra = {(m, k): lat for m, k, lat in zip(dynamic_extra["m"], dynamic_extra["k"], dynamic_extra["latency"])}
+    rows, ms = [], []
+    for m, k, lat in zip(static["m"], static["k"], static["latency"]):
+        if (m, k) in extra:
+            rows.append((int(m), int(k)))
+            ms.append(lat + max(0.0, extra[(m, k)]))
+    return rows, ms
+
+
+def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
+    """Every kernel table of `engine` on `system` that the store holds, as typed rows and measured seconds."""
+    store = _Store(path)
+    if system not in store.systems():
+        raise KernelDBError(f"{path}: no tables for system '{system}' (systems: {', '.join(store.systems())})")
+    out: dict[str, KernelTable] = {}
+
+    def add(name, file, rows_ms):
+        rows, ms = rows_ms
+        if rows:
+            out[name] = KernelTable(name, file, rows, np.asarray(ms, dtype=float) * 1e-3)
+
+    if f := store.find(system, "gemm", engine, "gemm_perf.parquet"):
+        add("gemm", f, _gemm(store.read(f)))
+    for table, phase in (("context_attention_perf.parquet", "prefill"), ("generation_attention_perf.parquet", "decode")):
+        if f := store.find(system, "attention", engine, table):
+            version = f.split("/")[-2]
+            keys_after_step = engine != "vllm" or _version_key(version) >= _version_key("0.22")
+            add(f"{phase}_attention", f, _attention(store.read(f), phase, keys_after_step))
+    if f := store.find(system, "moe", engine, "moe_perf.parquet"):
+        add("moe", f, _moe(store.read(f)))
+    if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):
+        add("custom_allreduce", f, _allreduce(store.read(f), "custom"))
+    if f := store.find(system, "comm", "nccl", "nccl_perf.parquet"):
+        add("nccl", f, _allreduce(store.read(f), "nccl"))
+    static = store.find(system, "quantize", engine, "scale_matrix_perf.parquet")
+    extra = store.find(system, "quantize", engine, "computescale_perf.parquet")
+    if static and extra:
+        add("quant", static, _quant(store.read(static), store.read(extra)))
+    if not out:
+        raise KernelDBError(f"{path}: no {engine} tables for {system}")
+    return out

@@ -1,0 +1,242 @@
+"""Kernel calls as the published kernel tables time them: typed rows, parsed from JSON, priced in bulk.
+
+A row is one kernel call; its timed region is what the AIConfigurator collectors time:
+- gemm: x[m,k] @ W[n,k]^T; fp8, fp8_block and nvfp4 include the activation's quantization kernel.
+  The collectors cycle 6 weight copies (bf16, fp8) or 1 (fp8_block, nvfp4) in a CUDA graph, so small
+  weights stay in L2; `"cold": true` prices weights streamed from HBM as in a model step.
+- attention: `batch` sequences of `query` new tokens over `context` cached ones (decode: query 1, over
+  context + 1 keys), writing the new K/V into the paged cache. Decode benchmarks replay one layer, so a KV
+  cache that fits stays in L2 (`"cold": true` reads it from HBM).
+- moe: the whole fused-MoE layer of one rank: `tokens` on the rank, global `experts` and `inter`, the rank
+  holding experts/ep whole experts and inter/tp of each. `distribution`: balanced (default),
+  power_law_<alpha> (the most loaded EP rank), or random.
+- allreduce: `bytes` per GPU over `gpus`, with the engine's custom all-reduce or NCCL.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, dataclass, fields
+
+import numpy as np
+
+from .engine_kernels import (ROUTINGS, EngineCalibration, Times, allreduce_time, decode_attention_time, gemm_time,
+                             moe_time, nearest_curve, prefill_attention_time, quant_time, routing_stats)
+from .profile import HardwareProfile, ProfileError
+
+GEMM_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
+MOE_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4", "int4")
+KV_DTYPES = ("bf16", "fp8")
+# weight bytes, the matrix-unit dtype, and the quantized activation's bytes (None: bf16 activations)
+WEIGHT_FORMATS = {"bf16": (2.0, "bf16", None), "fp8": (1.0, "fp8", 1.0), "fp8_block": (1.0, "fp8", 1.0),
+                  "nvfp4": (0.5625, "fp4", 0.5625), "int4": (0.5, "bf16", None)}
+TABLE_WEIGHT_COPIES = {"bf16": 6, "fp8": 6, "fp8_block": 1, "nvfp4": 1}
+
+
+class RowError(ValueError):
+    """A malformed kernel row; the message names the line."""
+
+
+@dataclass(frozen=True)
+class GemmRow:
+    m: int
+    n: int
+    k: int
+    dtype: str = "bf16"
+    cold: bool = False
+
+
+@dataclass(frozen=True)
+class AttentionRow:
+    phase: str
+    batch: int
+    query: int
+    context: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int = 0
+    kv_dtype: str = "bf16"
+    cold: bool = False
+
+
+@dataclass(frozen=True)
+class MoeRow:
+    tokens: int
+    hidden: int
+    inter: int
+    experts: int
+    top_k: int
+    tp: int = 1
+    ep: int = 1
+    dtype: str = "bf16"
+    distribution: str = "balanced"
+    gated: bool = True       # gate and up projections (SwiGLU); false for relu^2 experts (Nemotron-H)
+
+
+@dataclass(frozen=True)
+class AllreduceRow:
+    bytes: int
+    gpus: int
+    impl: str = "custom"
+
+
+ROW_TYPES = {"gemm": GemmRow, "attention": AttentionRow, "moe": MoeRow, "allreduce": AllreduceRow}
+_CHOICES = {"dtype": {GemmRow: GEMM_DTYPES, MoeRow: MOE_DTYPES}, "kv_dtype": KV_DTYPES, "phase": ("prefill", "decode"),
+            "impl": ("custom", "nccl")}
+_ZERO_OK = {"context", "window"}
+PASSTHROUGH = {"id", "label", "source", "measured_ms"}   # a row may carry these; they are written back untouched
+
+
+def parse_row(obj, line: int):
+    """One JSON object into a typed row; every error names the line and the field."""
+    if not isinstance(obj, dict):
+        raise RowError(f"line {line}: a row is a JSON object with an 'op'")
+    op = obj.get("op")
+    if op not in ROW_TYPES:
+        raise RowError(f"line {line}: 'op' must be one of {', '.join(ROW_TYPES)}, got {op!r}")
+    cls = ROW_TYPES[op]
+    known = {f.name: f for f in fields(cls)}
+    extra = sorted(set(obj) - set(known) - {"op"} - PASSTHROUGH)
+    if extra:
+        raise RowError(f"line {line}: unknown field '{extra[0]}' for op {op} (fields: {', '.join(known)})")
+    values = {}
+    for name, f in known.items():
+        if name not in obj:
+            if f.default is MISSING:
+                raise RowError(f"line {line}: op {op} needs field '{name}'")
+            continue
+        value = obj[name]
+        if f.type == "int":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value != int(value) or value < (0 if name in _ZERO_OK else 1) or value > 2**40:
+                low = 0 if name in _ZERO_OK else 1
+                raise RowError(f"line {line}: '{name}' must be an integer >= {low}, got {value!r}")
+            value = int(value)
+        elif f.type == "bool":
+            if not isinstance(value, bool):
+                raise RowError(f"line {line}: '{name}' must be true or false")
+        elif name == "distribution":
+            try:
+                routing_stats(value if isinstance(value, str) else "?", 1, 2, 1)
+            except ValueError:
+                raise RowError(f"line {line}: 'distribution' must be one of {', '.join(ROUTINGS)} "
+                               f"(or power_law_<alpha>), got {value!r}") from None
+        else:
+            choices = _CHOICES[name]
+            choices = choices[cls] if isinstance(choices, dict) else choices
+            if value not in choices:
+                raise RowError(f"line {line}: '{name}' must be one of {', '.join(choices)}, got {value!r}")
+        values[name] = value
+    row = cls(**values)
+    if isinstance(row, AttentionRow):
+        if row.heads % row.kv_heads:
+            raise RowError(f"line {line}: kv_heads {row.kv_heads} must divide heads {row.heads}")
+        if row.phase == "decode" and row.query != 1:
+            raise RowError(f"line {line}: a decode row has query 1 (one new token over context + 1 keys)")
+    if isinstance(row, MoeRow):
+        if row.experts % row.ep or row.inter % row.tp or row.top_k > row.experts:
+            raise RowError(f"line {line}: ep must divide experts, tp must divide inter, top_k <= experts")
+        if row.tp > 1 and row.ep > 1:
+            raise RowError(f"line {line}: a MoE row has tp or ep, not both (as the engines' fused-MoE layer)")
+    if isinstance(row, AllreduceRow) and row.gpus < 2:
+        raise RowError(f"line {line}: an all-reduce needs gpus >= 2")
+    return row
+
+
+def _columns(rows, *names) -> list[np.ndarray]:
+    return [np.array([getattr(r, n) for r in rows], dtype=float) for n in names]
+
+
+def _need(table: dict, key: str, what: str, cal: EngineCalibration):
+    if key not in table:
+        raise ProfileError(f"{cal.engine}: no {what} '{key}' kernel model on this device (has: "
+                           f"{', '.join(table) or 'none'})")
+    return table[key]
+
+
+def gemm_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, m, n, k, cold, params=None) -> Times:
+    weight_bytes, compute_dtype, quant_bytes = WEIGHT_FORMATS[dtype]
+    p = params or _need(cal.gemm, dtype, "GEMM format", cal)
+    copies = np.where(cold, 0.0, TABLE_WEIGHT_COPIES.get(dtype, 1))
+    t = gemm_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, hw.l2_bytes, m, n, k,
+                  act_bytes=quant_bytes or 2.0, weight_bytes=weight_bytes, resident_weight_copies=copies)
+    if quant_bytes is None:
+        return t
+    q = quant_time(cal.quant, hw.bandwidth, hw.l2_bytes, m, k, quant_bytes=quant_bytes)
+    passes = p.quant_passes
+    return Times(t.seconds + passes * q.seconds, t.compute_s, t.memory_s + passes * q.memory_s,
+                 t.fixed_s + passes * q.fixed_s)
+
+
+def attention_model(table: dict, kv_dtype: str, windowed: bool, what: str, cal: EngineCalibration):
+    """Sliding-window attention runs its own kernel instance: its fit when there is one, else the full one's."""
+    if windowed and f"{kv_dtype}_window" in table:
+        return table[f"{kv_dtype}_window"]
+    return _need(table, kv_dtype, what, cal)
+
+
+def attention_rows_time(cal: EngineCalibration, hw: HardwareProfile, phase: str, kv_key: str, batch, query, context,
+                        heads, kv_heads, head_dim, window, cold, params=None) -> Times:
+    kv_dtype = kv_key.removesuffix("_window")
+    kv_bytes = 1.0 if kv_dtype == "fp8" else 2.0
+    windowed = kv_key.endswith("_window")
+    if phase == "decode":
+        p = params or attention_model(cal.decode_attention, kv_dtype, windowed, "decode attention KV format", cal)
+        return decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, batch, context, heads, kv_heads,
+                                     head_dim, window=window, kv_bytes=kv_bytes, resident=~np.asarray(cold, bool))
+    p = params or attention_model(cal.prefill_attention, kv_dtype, windowed, "prefill attention KV format", cal)
+    return prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
+                                  batch, query, context, heads, kv_heads, head_dim, window=window, kv_bytes=kv_bytes)
+
+
+def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows: list[MoeRow], params=None) -> Times:
+    weight_bytes, compute_dtype, _ = WEIGHT_FORMATS[dtype]
+    p = params or _need(cal.moe, dtype, "MoE format", cal)
+    stats = [routing_stats(r.distribution, r.tokens, r.experts, r.top_k, r.ep) for r in rows]
+    tokens, hidden, inter, tp, top_k = _columns(rows, "tokens", "hidden", "inter", "tp", "top_k")
+    return moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, tokens, hidden, inter / tp,
+                    top_k, [s.pairs for s in stats], [s.active_experts for s in stats],
+                    np.array([s.padded_tiles for s in stats]), gated=np.array([r.gated for r in rows]),
+                    weight_bytes=weight_bytes)
+
+
+def allreduce_rows_time(cal: EngineCalibration, impl: str, gpus: int, nbytes, curve=None) -> Times:
+    if curve is None:
+        curves = _need(cal.allreduce, impl, "all-reduce implementation", cal)
+        curve, _ = nearest_curve(curves, gpus)
+    return allreduce_time(curve, nbytes, gpus)
+
+
+def group_key(row) -> tuple:
+    """Rows priced together share one kernel model (and one fit)."""
+    if isinstance(row, GemmRow):
+        return ("gemm", row.dtype)
+    if isinstance(row, AttentionRow):
+        return ("attention", row.phase, row.kv_dtype + ("_window" if row.window else ""))
+    if isinstance(row, MoeRow):
+        return ("moe", row.dtype)
+    return ("allreduce", row.impl, row.gpus)
+
+
+def price_group(cal: EngineCalibration, hw: HardwareProfile, key: tuple, rows: list, params=None) -> Times:
+    kind = key[0]
+    if kind == "gemm":
+        m, n, k = _columns(rows, "m", "n", "k")
+        return gemm_rows_time(cal, hw, key[1], m, n, k, np.array([r.cold for r in rows]), params)
+    if kind == "attention":
+        cols = _columns(rows, "batch", "query", "context", "heads", "kv_heads", "head_dim", "window")
+        return attention_rows_time(cal, hw, key[1], key[2], *cols, np.array([r.cold for r in rows]), params)
+    if kind == "moe":
+        return moe_rows_time(cal, hw, key[1], rows, params)
+    return allreduce_rows_time(cal, key[1], key[2], _columns(rows, "bytes")[0], params)
+
+
+def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.ndarray:
+    """Seconds per row, in row order; rows of one kernel model are priced in one vectorized call."""
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(group_key(row), []).append(i)
+    seconds = np.zeros(len(rows))
+    for key, index in groups.items():
+        seconds[index] = price_group(cal, hw, key, [rows[i] for i in index]).seconds
+    return seconds

@@ -1,0 +1,69 @@
+"""How many tokens of KV cache a serving replica holds: the engine's memory budget less weights, activations
+and its reserve, as each engine divides memory (cost/engines.py, ServingDefaults).
+
+- vLLM and SGLang give weights, activations, reserve and KV together a fraction of total memory
+  (gpu_memory_utilization 0.9, mem_fraction_static ~0.88);
+- TensorRT-LLM gives the KV cache a fraction of what is free once the engine is loaded
+  (kv_cache_free_gpu_mem_fraction 0.9 by default).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost.engines import ServingDefaults
+from cost.profile import HardwareProfile
+from tracer.work import Trace
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ReplicaMemory:
+    """Bytes per GPU of one replica, and the KV tokens the replica holds."""
+    weights: float
+    activations: float
+    reserve: float
+    kv_cache: float
+    kv_tokens: int
+    kv_bytes_per_token: float    # per GPU
+
+
+def kv_heads(trace: Trace) -> int:
+    return next((op.attention.kv_heads for op in trace.ops if op.attention is not None), 1)
+
+
+def kv_bytes_per_token(trace: Trace, tp: int, pp: int = 1) -> float:
+    """KV bytes one token holds on one GPU: KV heads shard over TP (a single latent head does not), layers
+    over pipeline stages."""
+    return trace.kv_bytes_per_token / max(1, min(tp, kv_heads(trace))) / max(1, pp)
+
+
+def peak_activation_bytes(trace: Trace, tp: int) -> float:
+    """The largest working set of one op (inputs + outputs besides weights): what must be live at once."""
+    peak = 0.0
+    for op in trace.ops:
+        live = op.bytes - op.weight_bytes
+        if op.attention is not None:  # the KV it reads is cache, counted apart
+            w = op.attention
+            live = w.batch * w.heads * w.query_length * (w.qk_head_dim + w.v_head_dim) * 2
+        if op.tp_sharded:
+            live /= tp
+        peak = max(peak, live)
+    return peak
+
+
+def replica_memory(probe: Trace, hw: HardwareProfile, defaults: ServingDefaults, reserve_gb: float, tp: int = 1,
+                   pp: int = 1, ep: int = 1, memory_fraction: float | None = None) -> ReplicaMemory:
+    """`probe`: a trace of the engine's largest step (max_batched_tokens tokens), for its activations."""
+    fraction = defaults.memory_fraction if memory_fraction is None else memory_fraction
+    capacity = hw.memory_capacity_gb * GB
+    # TP (and EP, for the experts that hold nearly all of an MoE model) shards weights; PP splits the layers
+    weights = probe.weight_bytes / max(tp, ep) / max(1, pp)
+    activations = peak_activation_bytes(probe, tp)
+    reserve = reserve_gb * GB
+    if defaults.memory_of_free:
+        kv = fraction * (capacity - weights - activations - reserve)
+    else:
+        kv = fraction * capacity - weights - activations - reserve
+    per_token = kv_bytes_per_token(probe, tp, pp)
+    return ReplicaMemory(weights, activations, reserve, max(0.0, kv), int(max(0.0, kv) // per_token), per_token)

@@ -1,0 +1,310 @@
+"""One engine instance: continuous batching with on-demand KV allocation and preemption, as vLLM schedules.
+
+Each step (vllm/v1/core/sched/scheduler.py, Scheduler.schedule):
+1. Running requests, in admission order, get their next tokens (a prefill chunk or one decode token)
+   within the step's token budget. A request whose new tokens need a block the pool cannot give preempts
+   the most recently admitted running request (its blocks are freed, its computed tokens are lost and
+   recomputed when it is admitted again, from the front of the queue); if that is itself, it waits.
+2. If nobody was preempted, waiting requests are admitted in order while budget and slots last: a prefix
+   lookup (and, with a CPU pool, a load of further blocks when copying beats recomputing), then the
+   whole sequence must fit in the free blocks now, and only its first chunk is allocated.
+3. The step's time comes from StepCost; a request whose known tokens are all computed samples one more.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .cpu_pool import CpuPool
+from .metrics import RequestRecord, SimResult
+from .step_cost import StepCost
+from .workload import SimRequest
+
+
+class Seq:
+    """A request inside an engine: its tokens so far (prompt + sampled) and how many have KV."""
+    __slots__ = ("req", "sid", "prompt", "end", "num_tokens", "num_computed", "reused", "hashes", "first_token_s",
+                 "admit_s", "gpu_hit", "cpu_hit", "preemptions", "prompt_done", "admitted")
+
+    def __init__(self, req: SimRequest, hashes: list[int]):
+        self.req, self.sid, self.hashes = req, req.rid, hashes
+        self.prompt, self.end = req.prompt_tokens, req.prompt_tokens + req.output_tokens   # done at num_tokens == end
+        self.num_tokens, self.num_computed, self.reused = req.prompt_tokens, 0, 0
+        self.first_token_s = self.admit_s = None
+        self.gpu_hit = self.cpu_hit = self.preemptions = 0
+        self.prompt_done = self.admitted = False
+
+
+class Engine:
+    def __init__(self, index: int, cache, cost: StepCost, config, cpu: CpuPool | None, result: SimResult,
+                 on_finish=None):
+        self.index, self.cache, self.cost, self.config, self.cpu, self.res = index, cache, cost, config, cpu, result
+        self.on_finish = on_finish
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.clock = 0.0
+        self.marked = 0.0                 # memory is integrated up to here
+        self.link_free_s = 0.0            # the GPU->CPU copy engine is busy until then
+        self.seen_blocks: set[int] = set()  # prompt blocks computed here before (for "re-needed")
+        self.requests = 0
+        self.prompt_tokens = self.hit_tokens = 0
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def enqueue(self, seq: Seq, now: float) -> None:
+        if not self.has_work():
+            self.clock = max(self.clock, now)
+        self.requests += 1
+        self.waiting.append(seq)
+
+    # -- one step --------------------------------------------------------------------------------------
+    def step(self, horizon: float = float("inf")) -> None:
+        """One scheduler step; or, when every running request is decoding and nothing can change the batch
+        before `horizon` (the next arrival), a run of such steps at once."""
+        cfg, cache, running = self.config, self.cache, self.running
+        self._integrate(self.clock)
+        if running and cache.decode_granule > 1 and len(running) <= cfg.max_prefill_tokens \
+                and self._decode_run(horizon):
+            return
+        budget, granule, preempted = cfg.max_prefill_tokens, cache.decode_granule, False
+        decodes, chunks = [], []          # decode steps; (seq, tokens) prefill chunks
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            c = s.num_computed
+            n = rest = s.num_tokens - c
+            if rest == 1 and s.num_tokens > s.prompt and c % granule and (c + 1) % granule:   # decode in a block
+                decodes.append(s)
+                budget -= 1
+                i += 1
+                continue
+            if n > budget:
+                n = budget
+            while not cache.allocate(s, n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is s:
+                    break
+            else:
+                if rest == 1 and s.num_tokens > s.prompt:
+                    decodes.append(s)
+                else:
+                    chunks.append((s, n))
+                budget -= n
+                i += 1
+                continue
+            break
+        load_s = 0.0
+        if not preempted:
+            load_s = self._admit(chunks, budget)
+        if not (decodes or chunks):
+            if not preempted and not self.running and self.waiting:   # cannot fit even alone: never hang
+                self.res.rejected_ids.append(self.waiting.popleft().req.rid)
+            return
+        self._run(decodes, chunks, load_s)
+
+    def _decode_run(self, horizon: float) -> bool:
+        """Steps in which every running request decodes one token, none finishes before the last, nobody
+        waits who could be admitted, and the pool has the blocks they grow into: their order within the run
+        cannot change what is cached or evicted, so they are taken together (the step times still differ
+        step by step, as the context grows)."""
+        running, cost, cache = self.running, self.cost, self.cache
+        if self.waiting and not (len(running) >= self.config.max_running
+                                 or (self.cpu is None and cache.cannot_admit(self.waiting[0]))):
+            return False
+        steps, context = 1 << 30, 0
+        for s in running:
+            if s.num_tokens - s.num_computed != 1 or s.num_tokens == s.prompt:
+                return False
+            left = s.end - s.num_tokens
+            if left < steps:
+                steps = left
+            context += s.num_computed
+        if steps < 4:                    # the first to finish samples its last token in the run's last step
+            return False
+        batch = len(running)
+        linear = cost.linear(batch)
+        overhead = cost.beyond_kernels(batch, batch, linear, decode_only=True)
+        times, now = [], self.clock
+        for j in range(steps):
+            now += linear + cost.decode_attention(batch, context // batch + j) + overhead
+            times.append(now)
+            if now >= horizon:
+                break
+        steps = len(times)
+        if steps < 4 or not cache.grow_all(running, steps):
+            return False
+        finished = []
+        for s in running:
+            s.num_computed += steps
+            s.num_tokens += steps
+            if s.num_tokens >= s.end:
+                finished.append(s)
+        self._integrate(now)
+        self.res.itl.append(((now - self.clock) / steps, batch * steps))
+        self.clock = now
+        self.res.steps += steps
+        if cache.used_blocks > self.res.gpu_used_peak:
+            self.res.gpu_used_peak = cache.used_blocks
+        if finished:
+            for s in finished:
+                self._finish(s, now)
+            done = set(map(id, finished))
+            self.running = [s for s in self.running if id(s) not in done]
+        return True
+
+    def _admit(self, chunks: list, budget: int) -> float:
+        cfg, cache, res, load_s = self.config, self.cache, self.res, 0.0
+        bs = cache.block_size
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_running:
+            s = self.waiting[0]
+            if self.cpu is None and cache.cannot_admit(s):
+                break
+            handle, hit = cache.lookup(s)
+            ext, transfer = 0, 0.0
+            if self.cpu is not None and cfg.prefix_caching:
+                ext, transfer = self._cpu_hit(s, hit)
+            n = min(s.num_tokens - hit - ext, budget)
+            if not cache.allocate(s, n, handle, hit, ext, full_must_fit=True):
+                break
+            self.waiting.popleft()
+            self.running.append(s)
+            s.num_computed = hit + ext
+            s.prompt_done = False
+            load_s += transfer
+            self._count_renneeded(s, hit + ext)
+            s.reused = hit + ext
+            if not s.admitted:
+                s.admitted, s.admit_s, s.gpu_hit, s.cpu_hit = True, self.clock, hit, ext
+                self.prompt_tokens += s.num_tokens
+                self.hit_tokens += hit + ext
+            else:
+                res.preempted_queries += s.num_tokens
+                res.preempted_hits += hit + ext
+            if ext:
+                res.cpu_hit_blocks += (hit + ext) // bs - hit // bs
+                res.cpu_load_s += transfer
+            chunks.append((s, n))
+            budget -= n
+        return load_s
+
+    def _cpu_hit(self, s: Seq, hit: int) -> tuple[int, float]:
+        """Further leading blocks in the CPU pool, loaded only when copying beats recomputing them."""
+        bs, cfg = self.cache.block_size, self.config
+        first = hit // bs
+        found = self.cpu.match(s.hashes, first, min((s.num_tokens - 1) // bs, len(s.hashes)))
+        if not found:
+            return 0, 0.0
+        ext = (first + found) * bs - hit
+        transfer = found * cfg.block_bytes / cfg.host_link_bytes_per_s
+        recompute = self.cost.linear(ext) + self.cost.prefill_attention(ext, hit)
+        if transfer >= recompute:
+            return 0, 0.0
+        self.cpu.touch(s.hashes[first:first + found])
+        self.res.cpu_saved_compute_s += recompute
+        return ext, transfer
+
+    def _count_renneeded(self, s: Seq, reused: int) -> None:
+        """Prompt blocks this request computes although they had been computed here before. Block hashes are
+        chained, so past the first block never computed here none was: the scan stops there."""
+        seen, hashes, bs = self.seen_blocks, s.hashes, self.cache.block_size
+        i, stop = reused // bs, min((s.num_tokens - 1) // bs, len(hashes))
+        while i < stop and hashes[i] in seen:
+            i += 1
+        self.res.renneeded_blocks += i - reused // bs
+
+    def _preempt(self, s: Seq) -> None:
+        self.cache.free_seq(s, finished=False)
+        self.res.preemptions += 1
+        self.res.recomputed_tokens += s.num_computed
+        s.num_computed = 0
+        s.preemptions += 1
+        self.waiting.appendleft(s)
+
+    def _run(self, decodes: list, chunks: list, load_s: float) -> None:
+        cache, res = self.cache, self.res
+        decode_ctx, sampled, finished = 0, [], []
+        for s in decodes:
+            decode_ctx += s.num_computed
+            s.num_computed += 1
+            s.num_tokens += 1
+            if s.num_tokens >= s.end:
+                finished.append(s)
+        shapes = []
+        for s, n in chunks:
+            shapes.append((n, s.num_computed))
+            res.computed_prefill_tokens += n
+            s.num_computed += n
+            if s.num_computed < s.num_tokens:
+                cache.prefill_chunk_done(s)
+            else:
+                sampled.append(s)
+        step_s = self.cost.step(shapes, len(decodes), decode_ctx // len(decodes) if decodes else 0) + load_s
+        now = self.clock + step_s
+        if decodes:
+            res.itl.append((step_s, len(decodes)))
+        stores = []
+        for s in sampled:   # a prefill (or a recompute) is done: its first (next) token is sampled
+            if not s.prompt_done:
+                s.prompt_done = True
+                stores.append(s)
+            s.num_tokens += 1
+            if s.first_token_s is None:
+                s.first_token_s = now
+            if s.num_tokens >= s.end:
+                finished.append(s)
+            else:
+                cache.prefill_chunk_done(s)
+        if stores:
+            now += self._write_through(stores, now)
+        self._integrate(now)   # the step holds what it allocated
+        self.clock = now
+        res.steps += 1
+        if cache.used_blocks > res.gpu_used_peak:
+            res.gpu_used_peak = cache.used_blocks
+        if cache.evictable_blocks > res.gpu_evictable_peak:
+            res.gpu_evictable_peak = cache.evictable_blocks
+        if finished:
+            for s in finished:
+                self._finish(s, now)
+            done = set(map(id, finished))
+            self.running = [s for s in self.running if id(s) not in done]
+
+    def _write_through(self, seqs: list[Seq], now: float) -> float:
+        """Prefill done: full prompt blocks go to the CPU pool. Returns the step time the copy adds."""
+        bs, cfg, res = self.cache.block_size, self.config, self.res
+        for s in seqs:
+            self.seen_blocks.update(s.hashes[s.reused // bs:s.prompt // bs])
+        if self.cpu is None:
+            return 0.0
+        new = sum(self.cpu.store(s.hashes[:s.req.prompt_tokens // bs]) for s in seqs)
+        copy_s = new * cfg.block_bytes / cfg.host_link_bytes_per_s
+        res.cpu_store_s += copy_s
+        if cfg.overlap_store:   # an async copy engine: it only waits for earlier copies
+            self.link_free_s = max(self.link_free_s, now) + copy_s
+            res.store_backlog_s = max(res.store_backlog_s, self.link_free_s - now)
+            return 0.0
+        return copy_s
+
+    def _finish(self, s: Seq, now: float) -> None:
+        self.cache.free_seq(s, finished=True)
+        r = s.req
+        tpot = (now - s.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else None
+        self.res.records.append(RequestRecord(r.rid, r.arrival_s, s.admit_s, s.first_token_s - r.arrival_s, tpot,
+                                              r.prompt_tokens, r.output_tokens, s.gpu_hit, s.cpu_hit,
+                                              r.session if r.session is not None else f"request-{r.rid}",
+                                              self.index, s.preemptions, now))
+        if self.on_finish is not None:
+            self.on_finish(r, now)
+
+    def _integrate(self, until: float) -> None:
+        dt = until - self.marked
+        if dt > 0:
+            self.res.gpu_used_block_s += self.cache.used_blocks * dt
+            self.res.gpu_evictable_block_s += self.cache.evictable_blocks * dt
+            self.marked = until

@@ -1,0 +1,130 @@
+"""Time of one engine step, from the tracer and cost model.
+
+A step runs the decode tokens of every running request plus prefill chunks (chunked prefill). Its time is
+the non-attention work of all the step's tokens, the attention of each prefill chunk over its context, and
+the decode attention; then what the engine spends beyond its kernels (cost/engines.py): sampling every
+scheduled sequence, the scheduler's host work per step and per sequence, the rank synchronization of a
+multi-GPU replica, and eager launches when a decode batch exceeds the CUDA-graph sizes the engine captured.
+Shapes are bucketed to powers of two and interpolated, so a long simulation traces only a few dozen distinct
+shapes. Recomputing a preempted request is a prefill like any other.
+"""
+from __future__ import annotations
+
+import math
+
+from cost.engines import ENGINES, ServingOverheads, serving_overheads
+from cost.estimate import Parallelism, estimate, sampling_seconds
+from cost.execution import ENGINE
+from cost.profile import HardwareProfile
+from tracer.model_source import ModelSpec
+from tracer.trace import trace
+from tracer.work import Request, TraceOptions
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+class StepCost:
+    def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str,
+                 par: Parallelism | int, engine: str = "vllm", overheads: ServingOverheads | None = None):
+        self.par = par if isinstance(par, Parallelism) else Parallelism(par)
+        self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, self.par.tp
+        self.engine = engine
+        self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
+        if execution == ENGINE:
+            fitted, self.overhead_origin = serving_overheads(engine)
+            self.overheads = overheads or fitted
+        else:   # HF eager pays its host time inside each step already
+            self.overheads, self.overhead_origin = ServingOverheads(0, 0, 0, 0, 0), "none (eager execution)"
+        text = spec.config.get("text_config") or {}
+        self.vocab = int(spec.config.get("vocab_size") or text.get("vocab_size") or 32000)
+        self._launches: dict = {}
+        self._cache: dict = {}
+        self._linear: dict = {}
+        self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
+        self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
+        self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
+
+    def _parts(self, request: Request) -> tuple[float, float]:
+        """(seconds without attention, attention seconds) of one forward."""
+        parts = self._cache.get(request)
+        if parts is None:
+            key = (request.num_queries, request.query_length, request.context_length, request.decode)
+            parts = self.shared.get(key) if self.shared is not None else None
+            if parts is None:
+                e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, self.par, self.engine)
+                attention = e.breakdown_s["attention"]
+                parts = (e.wall_s - attention, attention)
+                self._launches[request.query_length] = e.num_kernels
+                if self.shared is not None:
+                    self.shared[key] = parts
+            self._cache[request] = parts
+        return parts
+
+    def linear(self, tokens: int) -> float:
+        """Everything but attention for a step of `tokens` tokens, interpolated between power-of-two shapes."""
+        if tokens <= 0:
+            return 0.0
+        t = self._linear.get(tokens)
+        if t is None:
+            hi = _pow2_at_least(tokens)
+            lo = max(1, hi // 2)
+            t_hi = self._parts(Request(1, hi, 0))[0]
+            if hi == lo or tokens == hi:
+                t = t_hi
+            else:
+                t_lo = self._parts(Request(1, lo, 0))[0]
+                t = t_lo + (t_hi - t_lo) * (tokens - lo) / (hi - lo)
+            self._linear[tokens] = t
+        return t
+
+    def prefill_attention(self, tokens: int, context: int) -> float:
+        key = (_pow2_at_least(tokens), _pow2_at_least(context) if context else 0)
+        per_token = self._prefill.get(key)
+        if per_token is None:
+            per_token = self._prefill[key] = self._parts(Request(1, key[0], key[1]))[1] / key[0]
+        return per_token * tokens
+
+    def decode_attention(self, batch: int, context: int) -> float:
+        if batch == 0:
+            return 0.0
+        key = (_pow2_at_least(batch), _pow2_at_least(max(1, context)))
+        per_seq = self._decode.get(key)
+        if per_seq is None:
+            per_seq = self._decode[key] = self._parts(Request(key[0], 1, key[1], decode=True))[1] / key[0]
+        return per_seq * batch
+
+    def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
+        tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)
+        for t, c in chunks:
+            tokens += t
+            attention += self.prefill_attention(t, c)
+        kernels = self.linear(tokens) + attention
+        return kernels + self.beyond_kernels(decode_batch + len(chunks), tokens, kernels,
+                                             decode_only=not chunks)
+
+    def beyond_kernels(self, sequences: float, tokens: int, kernels_s: float, decode_only: bool) -> float:
+        """What a step costs besides its kernels: sampling, the scheduler, rank sync, eager launches."""
+        if self.execution != ENGINE or sequences <= 0:
+            return 0.0
+        o = self.overheads
+        gpus = self.par.tp * self.par.pp
+        extra = (o.step_us + o.seq_us * sequences + o.gpu_sync_us * (gpus - 1)) * 1e-6
+        extra += sampling_seconds(sequences, self.vocab, self.hw, self.engine)
+        if decode_only and sequences > self.defaults.graph_max_batch:
+            launches = self._launches.get(_pow2_at_least(max(1, tokens)))
+            if launches is None:
+                self.linear(tokens)
+                launches = self._launches.get(_pow2_at_least(max(1, tokens)), 0)
+            extra += max(0.0, launches * self.hw.kernel_launch_us * 1e-6 - kernels_s)
+        return extra
+
+    def steady(self, decoding: float, prefill_tokens: float, prefill_context: int, decode_context: int) -> float:
+        """A step of the steady-state model (serving/steady_state.py): fractional counts interpolated."""
+        def at(n: int, p: int) -> float:
+            return self.step([(p, prefill_context)] if p > 0 else [], n, decode_context)
+        n0, p0 = math.floor(decoding), math.floor(prefill_tokens)
+        fn, fp = decoding - n0, prefill_tokens - p0
+        base = at(n0, p0)
+        return (base + fn * (at(n0 + 1, p0) - base) + fp * (at(n0, p0 + 1) - base)) if (fn or fp) else base

@@ -1,0 +1,223 @@
+"""vLLM's prefix cache: a pool of physical KV blocks with a free queue that is also the eviction order.
+
+The rules, as vLLM v1 implements them (vllm/v1/core/block_pool.py, kv_cache_manager.py,
+single_type_kv_cache_manager.py, kv_cache_utils.py):
+- Block 0 is the null block and is never handed out, so N blocks hold N - 1 blocks of KV.
+- A free block (no running request refers to it) stays in the free queue with its hash, still hittable.
+  New blocks are popped from the queue's front; popping a block that has a hash evicts it (one eviction).
+- A finished or preempted request frees its blocks tail first: blocks without a hash go to the front of
+  the queue, hashed ones to the back in that reversed order, so a prompt's tail is evicted before its head.
+- A block is cached (gets its hash) once full, at the step that schedules its last token, prompt or
+  output alike; the block holding the last sampled token is never computed, so never cached.
+- A lookup matches whole blocks from the start, at most (num_tokens - 1) tokens floored to whole blocks:
+  a fully cached block-aligned prompt recomputes its last block.
+- Identical blocks are not de-duplicated: two requests that computed the same block each keep a copy;
+  a lookup takes the earliest cached one.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+
+class VllmBlockCache:
+    name = "vllm"
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
+        if num_blocks < 2:
+            raise ValueError(f"a vLLM block pool needs at least 2 blocks (one is the null block), got {num_blocks}")
+        self.block_size = block_size
+        self.decode_granule = block_size      # decode steps inside a block allocate and cache nothing
+        self.prefix_caching = prefix_caching
+        self.capacity_blocks = num_blocks - 1
+        # per block: running requests holding it, and its hash (0: none; block hashes are never 0)
+        self.ref = np.zeros(num_blocks, dtype=np.int32)
+        self.hash = np.zeros(num_blocks, dtype=np.int64)
+        self.cached: dict[int, int] = {}              # hash -> earliest cached block with it
+        self.copies: dict[int, list[int]] = {}        # hash -> later blocks with the same hash
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.free_cached = 0                          # free blocks that still have a hash (evictable)
+        self.blocks: dict[int, list[int]] = {}        # sequence id -> its blocks in token order
+        self.num_cached: dict[int, int] = {}          # sequence id -> its leading blocks already cached
+        self.evicted_blocks = 0
+        self.allocated_blocks = 0
+        self.releases = 0                             # free_seq calls: the only thing that frees blocks
+        self._refused = None                          # (sequence id, releases, hit blocks) of the last refusal
+
+    # -- queries ---------------------------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by running requests."""
+        return self.capacity_blocks - len(self.free)
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Free blocks that still hold cached KV."""
+        return self.free_cached
+
+    def required_blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def peek(self, seq) -> int:
+        """Tokens a lookup would hit now, without side effects (for routing)."""
+        return len(self.lookup(seq)[0]) * self.block_size
+
+    def cannot_admit(self, seq) -> bool:
+        """True when `seq` was refused admission and nothing since can have made it fit: no blocks were
+        released and its hit chain did not grow. Any other change leaves free blocks minus needed blocks as
+        it was or lower (a block a lookup would hit leaves the free queue only by being touched, which
+        lowers both, or by being reallocated, which lowers the free count)."""
+        refused = self._refused
+        if refused is None or refused[0] != seq.sid or refused[1] != self.releases:
+            return False
+        hits, hashes = refused[2], seq.hashes
+        return hits >= min((seq.num_tokens - 1) // self.block_size, len(hashes)) or hashes[hits] not in self.cached
+
+    def lookup(self, seq) -> tuple[list[int], int]:
+        """(hit blocks, hit tokens): whole leading blocks, at most num_tokens - 1 tokens."""
+        if not self.prefix_caching:
+            return [], 0
+        hashes, cached, out = seq.hashes, self.cached, []
+        for i in range(min((seq.num_tokens - 1) // self.block_size, len(hashes))):
+            b = cached.get(hashes[i])
+            if b is None:
+                break
+            out.append(b)
+        return out, len(out) * self.block_size
+
+    # -- changes ---------------------------------------------------------------------------------------
+    def allocate(self, seq, num_new: int, hit=None, hit_tokens: int = 0, external: int = 0,
+                 full_must_fit: bool = False) -> bool:
+        """Give `seq` slots for `num_new` more tokens after its computed ones (plus, at admission, the hit
+        blocks and `external` tokens loaded from another tier); False, changing nothing, if they do not fit.
+        With full_must_fit the whole sequence must fit in the free blocks now (vLLM's admission check)."""
+        bs, ref, free = self.block_size, self.ref, self.free
+        held = self.blocks.get(seq.sid)
+        if held is not None and not full_must_fit:    # a running request grows
+            computed = seq.num_computed
+            more = -(-(computed + num_new) // bs) - len(held)
+            if more > len(free):
+                return False
+            if more > 0:
+                self._grow(held, more)
+            if self.prefix_caching and (computed + num_new) // bs > self.num_cached[seq.sid]:
+                self._cache_full_blocks(seq, held, min(computed + num_new, seq.num_tokens))
+            return True
+        hit = hit or ()
+        n_held = len(held) if held is not None else 0
+        hit_idx = np.array(hit, dtype=np.int64)
+        touched_free = int((ref[hit_idx] == 0).sum())        # evictable hits leave the free queue
+        computed = seq.num_computed + hit_tokens + external
+        want = -(-(computed + num_new) // bs)
+        if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + touched_free > len(free))
+                or max(want - n_held - len(hit), 0) + touched_free > len(free)):
+            if full_must_fit and not external:
+                self._refused = (seq.sid, self.releases, len(hit))
+            return False
+        if held is None:
+            held = self.blocks[seq.sid] = list(hit)
+            if touched_free:
+                for b in hit_idx[ref[hit_idx] == 0].tolist():   # hit blocks all have a hash
+                    del free[b]
+                self.free_cached -= touched_free
+            ref[hit_idx] += 1
+            self.num_cached[seq.sid] = len(held)
+        if want > len(held):
+            self._grow(held, want - len(held))
+        if self.prefix_caching:
+            self._cache_full_blocks(seq, held, min(computed + num_new, seq.num_tokens))
+        return True
+
+    def grow_all(self, seqs, steps: int) -> bool:
+        """`steps` decode steps of every sequence in `seqs` at once, if the free blocks cover them all."""
+        bs, blocks = self.block_size, self.blocks
+        need = 0
+        for s in seqs:
+            need += max(0, -(-(s.num_computed + steps) // bs) - len(blocks[s.sid]))
+        if need > len(self.free):
+            return False
+        for s in seqs:
+            # as after the run's last step: num_tokens one past the computed tokens
+            s.num_tokens += steps - 1
+            self.allocate(s, steps)
+            s.num_tokens -= steps - 1
+        return True
+
+    def prefill_chunk_done(self, seq) -> None:
+        """vLLM caches at scheduling time (allocate); nothing to do after the forward."""
+
+    def free_seq(self, seq, finished: bool) -> None:
+        """Release a finished or preempted request's blocks, tail first."""
+        held = self.blocks.pop(seq.sid, None)
+        self.num_cached.pop(seq.sid, None)
+        if not held:
+            return
+        self.releases += 1
+        ref, free = self.ref, self.free
+        idx = np.array(held[::-1], dtype=np.int64)
+        ref[idx] -= 1
+        released = idx[ref[idx] == 0]
+        hashed = self.hash[released] != 0
+        first, last = released[~hashed].tolist(), released[hashed].tolist()
+        for b in reversed(first):
+            free[b] = None
+            free.move_to_end(b, last=False)
+        for b in last:
+            free[b] = None
+        self.free_cached += len(last)
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _grow(self, held: list[int], n: int) -> None:
+        pop = self.free.popitem
+        new = [pop(last=False)[0] for _ in range(n)]
+        idx = np.array(new, dtype=np.int64)
+        hashes = self.hash[idx]
+        stale = hashes.nonzero()[0]
+        if len(stale):                     # free blocks that still held cached KV: evicted now
+            cached, copies = self.cached, self.copies
+            for b, h in zip(idx[stale].tolist(), hashes[stale].tolist()):
+                if h not in copies and cached[h] == b:
+                    del cached[h]
+                else:
+                    self._forget(b, h)
+            self.hash[idx[stale]] = 0
+            self.evicted_blocks += len(stale)
+            self.free_cached -= len(stale)
+        self.ref[idx] = 1
+        held.extend(new)
+        self.allocated_blocks += n
+
+    def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
+        done = self.num_cached[seq.sid]
+        upto = min(tokens // self.block_size, len(seq.hashes))
+        if upto <= done:
+            return
+        hashes, cached = seq.hashes[done:upto], self.cached
+        blocks = held[done:upto]
+        self.hash[blocks] = hashes
+        if cached.keys().isdisjoint(hashes):    # the usual case: no other copy of these blocks
+            cached.update(zip(hashes, blocks))
+        else:
+            for b, h in zip(blocks, hashes):
+                if h in cached:
+                    self.copies.setdefault(h, []).append(b)
+                else:
+                    cached[h] = b
+        self.num_cached[seq.sid] = upto
+
+    def _forget(self, b: int, h: int) -> None:
+        """Block b no longer holds hash h; another copy, if any, takes its place."""
+        if self.cached.get(h) == b:
+            later = self.copies.get(h)
+            if later:
+                self.cached[h] = later.pop(0)
+                if not later:
+                    del self.copies[h]
+            else:
+                del self.cached[h]
+        else:
+            later = self.copies[h]
+            later.remove(b)
+            if not later:
+                del self.copies[h]

@@ -1,0 +1,201 @@
+"""Engine kernel models: parameter validation, the kernel CLI, the fitter, and the bundled calibrations
+held against samples of the published kernel tables (rows the calibration never saw)."""
+import copy
+import io
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cost.calibrate_engine import least_squares_fit
+from cost.engine_kernels import (CollectiveCurve, DecodeAttentionParams, GemmParams, allreduce_time,
+                                 decode_attention_time, gemm_time, routing_stats)
+from cost.kernel import main as kernel_main
+from cost.kernel_rows import RowError, parse_row, price_rows
+from cost.profile import ProfileError, load_profile, parse_profile, profiles_dir
+
+SAMPLES = Path(__file__).parent / "data" / "kernel_tables"
+CALIBRATED = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100", "l40s": "l40s"}
+
+
+def _sample(system):
+    rows, measured = [], []
+    for i, line in enumerate((SAMPLES / f"{system}_vllm.jsonl").read_text().splitlines(), 1):
+        obj = json.loads(line)
+        rows.append(parse_row(obj, i))
+        measured.append(obj["measured_ms"] * 1e-3)
+    return rows, np.array(measured)
+
+
+@pytest.mark.parametrize("system", sorted(CALIBRATED))
+def test_bundled_calibration_predicts_held_out_table_rows(system):
+    hw = load_profile(CALIBRATED[system])
+    cal = hw.engine("vllm")
+    assert cal.origin.startswith("fitted") and system in cal.origin
+    rows, measured = _sample(system)
+    err = np.abs(price_rows(cal, hw, rows) / measured - 1.0)
+    assert np.all(np.isfinite(err))
+    assert np.median(err) < 0.15, f"{system}: median error {np.median(err):.1%} on held-out table rows"
+    assert np.percentile(err, 90) < 0.6
+
+
+def test_uncalibrated_profiles_say_where_their_engine_models_come_from():
+    for name in ("h20", "l4", "rtx4090", "mi300x", "ascend910b"):
+        origin = load_profile(name).engine("vllm").origin
+        assert origin.startswith("carried over from"), (name, origin)
+    sglang = load_profile("h200").engine("sglang")
+    assert "vLLM" in sglang.origin or sglang.origin.startswith("fitted")
+
+
+def _profile_with(mutate):
+    data = json.loads((profiles_dir() / "h100.json").read_text())
+    mutate(data)
+    return data
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["engines"]["vllm"]["gemm"]["bf16"].update(compute=1.7), "engines.vllm.gemm.bf16.compute"),
+    (lambda d: d["engines"]["vllm"]["gemm"]["bf16"].update(compute=float("nan")), "finite number"),
+    (lambda d: d["engines"]["vllm"]["gemm"]["bf16"].update(speed=1.0), "unknown field 'speed'"),
+    (lambda d: d["engines"]["vllm"]["gemm"].update(int3={}), "unknown key 'int3'"),
+    (lambda d: d["engines"].update(tgi={}), "unknown engine"),
+    (lambda d: d["engines"]["vllm"]["allreduce"]["custom"].update({"one": {}}), "GPU count 'one'"),
+    (lambda d: d.update(l2_cache_mb="big"), "l2_cache_mb"),
+])
+def test_malformed_engine_sections_name_the_field(mutate, message):
+    data = _profile_with(mutate)
+    with pytest.raises(ProfileError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        hw = parse_profile(data, "custom_h100", "custom.json")
+        hw.engine("vllm")
+
+
+def test_kernel_cli_adds_ms_to_each_row_and_names_bad_lines(tmp_path, capsys, monkeypatch):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"op":"gemm","m":16,"n":4096,"k":4096,"dtype":"bf16","id":"a"}\n\n'
+                    '{"op":"attention","phase":"decode","batch":8,"query":1,"context":4095,"heads":32,'
+                    '"kv_heads":8,"head_dim":128}\n'
+                    '{"op":"moe","tokens":64,"hidden":2048,"inter":768,"experts":128,"top_k":8}\n'
+                    '{"op":"allreduce","bytes":65536,"gpus":8,"impl":"nccl"}\n')
+    assert kernel_main(["--device", "h100", "--jsonl", str(rows)]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["op"] for o in out] == ["gemm", "attention", "moe", "allreduce"]
+    assert out[0]["id"] == "a" and all(0 < o["ms"] < 10 for o in out)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op":"gemm","m":16,"n":4096,"k":4096}\n{"op":"gemm","m":16,"n":-1,"k":4096}\n')
+    assert kernel_main(["--device", "h100", "--jsonl", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "'n'" in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"op":"attention","phase":"decode","batch":1,"query":2,'
+                                                 '"context":5,"heads":8,"kv_heads":8,"head_dim":64}\n'))
+    assert kernel_main(["--device", "h100", "--jsonl", "-"]) == 2
+    assert "line 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("obj, message", [
+    ({"op": "gemm", "m": 1, "n": 1, "k": 1, "dtype": "int3"}, "'dtype' must be one of"),
+    ({"op": "attention", "phase": "prefill", "batch": 1, "query": 4, "context": 0, "heads": 6, "kv_heads": 4,
+      "head_dim": 64}, "must divide heads"),
+    ({"op": "moe", "tokens": 1, "hidden": 8, "inter": 8, "experts": 8, "top_k": 2, "ep": 3}, "ep must divide"),
+    ({"op": "moe", "tokens": 1, "hidden": 8, "inter": 8, "experts": 8, "top_k": 2, "distribution": "power_law_0.5"},
+     "'distribution'"),
+    ({"op": "allreduce", "bytes": 1024, "gpus": 1}, "gpus >= 2"),
+    ({"op": "gemm", "m": 1.5, "n": 1, "k": 1}, "integer"),
+    ({"op": "gemm", "m": True, "n": 1, "k": 1}, "integer"),
+    ([1, 2], "JSON object"),
+])
+def test_bad_rows_are_refused_with_their_line(obj, message):
+    with pytest.raises(RowError, match=message) as e:
+        parse_row(obj, 7)
+    assert str(e.value).startswith("line 7:")
+
+
+def test_gemm_model_shapes_and_weight_residency():
+    p = GemmParams()
+    args = (132, 989e12, 4.8e12, 50e6)
+    small, big = gemm_time(p, *args, 1, 4096, 4096), gemm_time(p, *args, 8192, 8192, 8192)
+    assert float(small.seconds) < float(big.seconds)
+    assert float(big.compute_s) > float(big.memory_s)          # a large square GEMM is compute-bound
+    assert float(small.memory_s) > float(small.compute_s)      # a one-token GEMM streams its weights
+    cold = gemm_time(p, *args, 1, 2048, 2048, resident_weight_copies=0)
+    warm = gemm_time(p, *args, 1, 2048, 2048, resident_weight_copies=1)
+    assert float(warm.memory_s) < float(cold.memory_s)         # an 8 MB weight replayed alone stays in L2
+    vec = gemm_time(p, *args, np.array([1, 8192]), np.array([4096, 8192]), np.array([4096, 8192]))
+    assert np.allclose(vec.seconds, [float(small.seconds), float(big.seconds)])
+
+
+def test_fp8_kv_cache_does_not_halve_decode_time():
+    hw = load_profile("h200")
+    cal = hw.engine("vllm")
+    def decode(kv):
+        p = cal.decode_attention[kv]
+        return float(decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, 64, 8191, 32, 8, 128,
+                                           kv_bytes=1.0 if kv == "fp8" else 2.0).seconds)
+    assert 0.6 < decode("fp8") / decode("bf16") < 1.1
+
+
+def test_routing_statistics():
+    balanced = routing_stats("balanced", 16, 8, 2)
+    assert balanced.pairs == 32 and balanced.active_experts == 8
+    assert routing_stats("balanced", 3, 8, 2).active_experts == 6
+    power = routing_stats("power_law_1.2", 4096, 64, 8, 8)
+    assert power.pairs > 4096 * 8 / 8        # the most loaded EP rank is timed
+    assert power == routing_stats("power_law_1.2", 4096, 64, 8, 8)   # deterministic
+    random = routing_stats("random", 4, 256, 8)
+    assert 28 < random.active_experts < 32
+    with pytest.raises(ValueError, match="power-law exponent"):
+        routing_stats("power_law_x", 4, 8, 2)
+
+
+def test_least_squares_fit_recovers_known_parameters():
+    truth = CollectiveCurve(latency_us=6.0, bandwidth_gbps=300.0, ramp_us=15.0, ramp_bytes=2e6)
+    sizes = np.logspace(2, 9, 40)
+    measured = allreduce_time(truth, sizes, 8).seconds
+    start = CollectiveCurve()
+    fitted = least_squares_fit(start, lambda c: allreduce_time(c, sizes, 8).seconds, measured)
+    assert np.allclose(allreduce_time(fitted, sizes, 8).seconds, measured, rtol=0.02)
+    p = replace(DecodeAttentionParams(), memory=0.7)
+    assert p.with_vector(p.vector()) == p and len(p.vector()) == len(DecodeAttentionParams.fitted_names())
+
+
+def test_calibration_reads_tables_and_fits(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from cost.calibrate_engine import calibrate
+    from cost.kernel_db import KernelDBError, load_tables
+    hw = load_profile("h100")
+    truth = CollectiveCurve(latency_us=5.0, bandwidth_gbps=250.0, ramp_us=10.0, ramp_bytes=1e6)
+    sizes = [2 ** i for i in range(7, 28)]
+    folder = tmp_path / "h100_sxm" / "comm" / "vllm" / "0.24.0"
+    folder.mkdir(parents=True)
+    table = {"message_size": [], "num_gpus": [], "latency": [], "backend": [], "op_name": [], "allreduce_dtype": []}
+    for gpus in (2, 4, 8):
+        for size in sizes:
+            table["message_size"].append(size)
+            table["num_gpus"].append(gpus)
+            table["latency"].append(float(allreduce_time(truth, size * 2, gpus).seconds) * 1e3)
+            table["backend"].append("vllm_graph")
+            table["op_name"].append("all_reduce")
+            table["allreduce_dtype"].append("bfloat16")
+    pq.write_table(pa.table(table), folder / "custom_allreduce_perf.parquet")
+    tables = load_tables(str(tmp_path), "h100_sxm", "vllm")
+    assert set(tables) == {"custom_allreduce"} and len(tables["custom_allreduce"].rows) == 63
+    cal = calibrate(tables, hw, "vllm", "test fit")
+    assert set(cal.allreduce["custom"]) == {2, 4, 8}
+    pred = price_rows(cal, hw, tables["custom_allreduce"].rows)
+    assert np.allclose(pred, tables["custom_allreduce"].seconds, rtol=0.05)
+    with pytest.raises(KernelDBError, match="no tables for system"):
+        load_tables(str(tmp_path), "b200_sxm", "vllm")
+
+
+def test_engine_profile_round_trips_through_json():
+    cal = load_profile("h200").engine("vllm")
+    from cost.engine_kernels import parse_calibration
+    again = parse_calibration("vllm", json.loads(json.dumps(cal.to_json())), "engines.vllm")
+    assert again.to_json() == cal.to_json()
+    assert math.isfinite(again.gemm["bf16"].compute)
+    data = copy.deepcopy(cal.to_json())
+    assert parse_calibration("vllm", data, "x").decode_attention.keys() == cal.decode_attention.keys()
