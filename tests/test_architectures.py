@@ -276,3 +276,11 @@ def test_refusals_say_what_is_unsupported(tmp_path, capsys):
                         "-q", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "4 routed experts but no num_experts_per_tok" in err
+
+
+def test_serving_sim_refuses_a_model_without_kv_cache(tmp_path, capsys):
+    from cli.inference.serving_sim import main as sim_main
+    assert sim_main([tiny(tmp_path, "mamba2"), "--device", "h100", "--workload", "multi-turn-chat",
+                     "--num-requests", "4", "--max-prefill-tokens", "64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no attention KV cache (only recurrent state)" in err

@@ -38,6 +38,9 @@ MEMORY_UTILIZATION = 0.9
 
 def server_config(args, spec, hw, options) -> ServerConfig:
     probe = trace(spec, Request(1, args.max_prefill_tokens, 0), options)
+    if probe.kv_bytes_per_token <= 0:  # a pure SSM / linear-attention model: constant state, no KV blocks
+        raise ValueError(f"{spec.name} has no attention KV cache (only recurrent state), so there is no prefix "
+                         f"cache to simulate")
     block_bytes = args.block_size * probe.kv_bytes_per_token / max(1, min(args.tp_size, kv_heads(probe)))
     if args.gpu_cache_gb == "auto":
         free = (hw.memory_capacity_gb * 1e9 * MEMORY_UTILIZATION - probe.weight_bytes / args.tp_size
