@@ -132,7 +132,10 @@ def routed_experts(self, hidden_states, top_k_index, top_k_weights, *args, **kwa
 
 def routed_aria_experts(self, hidden_states, router_logits, *args, **kwargs):
     """Aria's grouped-GEMM experts (sequential per-expert loops in HF): router top-k, then one routed op. Later
-    transformers releases pass (hidden, top_k_index, top_k_weights) instead of the router logits."""
+    transformers releases pass (hidden, top_k_index, top_k_weights) instead of the router logits, and later still
+    store the experts as gate_up_proj / down_proj."""
+    if not hasattr(self, "fc1"):
+        return routed_experts(self, hidden_states, router_logits, *args, **kwargs)
     if router_logits.is_floating_point():
         top_k_index, _ = self.route_tokens_to_experts(router_logits)
     else:
