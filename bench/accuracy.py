@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cost.calibrate import load_scenarios, predict_ms  # noqa: E402
+from cli.progress import Progress  # noqa: E402
 from cost.profile import load_profile  # noqa: E402
 from tracer.table import format_table  # noqa: E402
 
@@ -34,8 +35,10 @@ def main(argv=None) -> int:
     hw = load_profile(args.device)
     scenarios = load_scenarios(Path(args.measurements))
     rows, errors, records = [], {}, []
+    bar = Progress(len(scenarios), "scenarios")   # each new model is traced: minutes on a cold cache
     for s in scenarios:
         pred = predict_ms(s, hw)
+        bar.update()
         records.append({"model": s.model, "phase": s.phase, "batch": s.batch, "query": s.query, "context": s.context,
                         "predicted_ms": {c: pred[c] for c in CLASSES},
                         "measured_ms": {c: s.measured_ms[c] for c in CLASSES}})
@@ -58,6 +61,7 @@ def main(argv=None) -> int:
         allc = errors.get((c, "prefill"), []) + errors.get((c, "decode"), [])
         summary.append([LABELS.get(c, c), "all", len(allc), statistics.median(allc), max(allc)])
     sheaders = ["class", "phase", "scenarios", "median abs err", "max abs err"]
+    bar.close()
     if args.json:
         print(json.dumps({"device": hw.name, "scenarios": records,
                           "summary": [dict(zip(("class", "phase", "scenarios", "median_abs_err_pct",

@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cli.progress import Progress  # noqa: E402
 
 RUNS = {
     "10,000 multi-turn-chat requests": ["--workload", "multi-turn-chat", "--num-requests", "10000",
@@ -43,13 +46,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mooncake", default=None, help="FAST25-release/traces/conversation_trace.jsonl")
     args = p.parse_args()
-    for label, run in RUNS.items():
-        if "{trace}" in " ".join(run):
-            if not args.mooncake:
-                continue
-            run = [a.replace("{trace}", args.mooncake) for a in run]
-        wall, cpu = timed(run)
-        print(f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU (process start included)")
+    runs = {label: [a.replace("{trace}", args.mooncake or "") for a in run] for label, run in RUNS.items()
+            if args.mooncake or "{trace}" not in " ".join(run)}
+    with Progress(len(runs), "runs") as bar:
+        for label, run in runs.items():
+            bar.describe(label[:40])
+            wall, cpu = timed(run)
+            bar.update()
+            print(f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU (process start included)")
     return 0
 
 

@@ -7,7 +7,7 @@ import sys
 from cost.engines import DEFAULT_ENGINE, ENGINES
 from cost.execution import EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
 from cost.profile import ProfileError
-from tracer.__main__ import ArgumentParser, add_model_arguments, trace_options
+from tracer.__main__ import ArgumentParser, add_model_arguments, model_spec, trace_options
 from tracer.model_source import ModelError
 
 from serving.workload import WorkloadError
@@ -16,8 +16,8 @@ from .inference.config import InputError
 
 USER_ERRORS = (InputError, ModelError, ProfileError, WorkloadError, ValueError)
 
-__all__ = ["ArgumentParser", "USER_ERRORS", "add_device_arguments", "add_model_arguments", "hit_rate", "positive_int",
-           "run_main", "trace_options", "warn"]
+__all__ = ["ArgumentParser", "USER_ERRORS", "add_device_arguments", "add_model_arguments", "hit_rate", "model_spec",
+           "positive_int", "run_main", "trace_options", "warn"]
 
 
 def hit_rate(text: str) -> float:

@@ -12,7 +12,8 @@ from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, expe
 from .engine_kernels import allreduce_time, nearest_curve
 from .engine_kernels import stream_time as stream_engine
 from .engine_pricing import price_engine_kernel
-from .parallel import all_reduce_seconds, all_to_all_seconds
+from .parallel import (all_reduce_seconds, cross_node_all_reduce_seconds,
+                       group_all_to_all_seconds)
 from .profile import HardwareProfile
 from .recurrent import state_time
 
@@ -25,7 +26,16 @@ class Parallelism:
     tp: int = 1
     ep: int = 1
     ep_style: str = EP_ALL_TOKENS   # how expert parallelism moves tokens (cost/execution.py)
-    pp: int = 1                     # pipeline stages; a step's layers are split over them
+    pp: int = 1                     # pipeline stages (serving/step_cost.py splits a step's layers over them)
+    attention_dp: int = 1           # attention data-parallel ranks that share one expert-parallel MoE
+
+    def __post_init__(self):
+        for name in ("tp", "ep", "pp", "attention_dp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.attention_dp > 1 and self.ep != self.tp * self.attention_dp:
+            raise ValueError(f"attention-DP {self.attention_dp} x TP {self.tp} must equal EP {self.ep}: the "
+                             f"DP ranks' MoE layers form one expert-parallel group")
 
 
 @dataclass(frozen=True)
@@ -97,12 +107,13 @@ def _eager_communication(trace: Trace, par: Parallelism, hw: HardwareProfile, ac
     if par.tp > 1:
         # attention and MLP outputs are all-reduced; under EP a MoE layer's output is combined by all-to-all instead
         reduces = 2 * trace.num_layers - (moe_layers if par.ep > 1 else 0)
-        total += reduces * all_reduce_seconds(hidden_bytes, par.tp, hw)
+        total += reduces * (all_reduce_seconds(hidden_bytes, min(par.tp, hw.gpus_per_node), hw)
+                            + cross_node_all_reduce_seconds(hidden_bytes, par.tp, hw))
     if par.ep > 1:
         for op in trace.ops:
             if op.experts is not None:
                 routed = op.experts.tokens * op.experts.top_k * op.experts.hidden_size * act_bytes / par.tp
-                total += 2 * op.count * all_to_all_seconds(routed, par.ep, hw)
+                total += 2 * op.count * group_all_to_all_seconds(routed, par.ep, hw)
     return total
 
 
@@ -112,6 +123,12 @@ def engine_allreduce_seconds(nbytes: float, gpus: int, hw: HardwareProfile, engi
     priced by the fitted curves when the device has them, else by the ring model on the interconnect."""
     if gpus <= 1 or nbytes <= 0:
         return 0.0
+    if gpus > hw.gpus_per_node:     # hierarchical: inside each node as usual, then between nodes
+        if notes is not None:
+            notes.append(f"all-reduce over {gpus} GPUs crosses nodes: priced hierarchically on the scale-out "
+                         f"network ({hw.scale_out_name or 'none'})")
+        return engine_allreduce_seconds(nbytes, hw.gpus_per_node, hw, engine, notes) + \
+            cross_node_all_reduce_seconds(nbytes, gpus, hw)
     spec = ENGINES[engine]
     nvlink = "nvlink" in hw.interconnect_name.lower()
     custom = (nbytes <= spec.custom_allreduce_max_bytes and gpus in spec.custom_allreduce_gpus
@@ -134,15 +151,31 @@ def _engine_communication(trace: Trace, par: Parallelism, hw: HardwareProfile, e
     all-reduced the same way; dispatch-style EP moves each rank's pairs by all-to-all instead."""
     hidden_bytes = trace.request.tokens * trace.hidden_size * act_bytes
     moe_layers = sum(op.count for op in trace.ops if op.experts is not None)
+    dp = par.attention_dp
+    total = 0.0
+    if dp > 1:
+        # each DP rank's attention is its own (all-reduced over the attention TP only); its MoE layers take
+        # every rank's tokens: gathered to all ranks (all-tokens) or sent to their experts (dispatch)
+        total += 2 * trace.num_layers * engine_allreduce_seconds(hidden_bytes, par.tp, hw, engine, notes)
+        for op in trace.ops:
+            if op.experts is not None:
+                w = op.experts
+                if par.ep_style == EP_DISPATCH:
+                    total += 2 * op.count * group_all_to_all_seconds(w.tokens * w.top_k * w.hidden_size * act_bytes,
+                                                                     par.ep, hw)
+                else:   # all-gather the DP ranks' tokens, reduce-scatter the outputs: one all-reduce's traffic
+                    total += op.count * engine_allreduce_seconds(hidden_bytes * dp, par.ep, hw, engine, notes)
+        notes.append(f"attention data parallel x{dp}: MoE layers over EP {par.ep} take every DP rank's tokens "
+                     f"({par.ep_style} style)")
+        return total
     group = max(par.tp, par.ep)
     reduces = 2 * trace.num_layers
-    total = 0.0
     if par.ep > 1 and par.ep_style == EP_DISPATCH:
         reduces -= moe_layers
         for op in trace.ops:
             if op.experts is not None:
                 routed = op.experts.tokens * op.experts.top_k * op.experts.hidden_size * act_bytes / par.ep
-                total += 2 * op.count * all_to_all_seconds(routed, par.ep, hw)
+                total += 2 * op.count * group_all_to_all_seconds(routed, par.ep, hw)
         notes.append("dispatch-style EP: tokens reach only their experts' ranks by all-to-all (ring model)")
     if group > 1:
         total += reduces * engine_allreduce_seconds(hidden_bytes, group, hw, engine, notes)
@@ -157,7 +190,7 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
              engine: str = DEFAULT_ENGINE) -> Estimate:
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}' (choose from {', '.join(ENGINES)})")
-    kernels = build_kernels(trace, execution, par.tp, par.ep, ep_style=par.ep_style)
+    kernels = build_kernels(trace, execution, par.tp, par.ep, ep_style=par.ep_style, attention_dp=par.attention_dp)
     notes: list[str] = []
     if execution == EAGER:
         priced = [PricedKernel(k, price_kernel(k, hw)) for k in kernels]

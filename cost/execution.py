@@ -116,15 +116,18 @@ def _fused_moe_block(op: Op, blocks: dict[str, str]) -> str | None:
     return None
 
 
-def _moe_call(op: Op, tp: int, ep: int, style: str) -> MoeCall:
+def _moe_call(op: Op, tp: int, ep: int, style: str, attention_dp: int = 1) -> MoeCall:
+    """Under attention data parallelism the experts of a rank serve the tokens of every DP rank."""
     w = op.experts
-    tokens = w.tokens if style == EP_ALL_TOKENS else max(1, round(w.tokens * w.top_k / ep))
+    tokens = w.tokens * attention_dp
+    tokens = tokens if style == EP_ALL_TOKENS else max(1, round(tokens * w.top_k / ep))
     return MoeCall(tokens=tokens, hidden=w.hidden_size, inter=w.intermediate_size, experts=w.num_experts,
-                   top_k=w.top_k if style == EP_ALL_TOKENS else 1, gated=w.gated, tp=1 if ep > 1 else tp, ep=ep,
+                   top_k=w.top_k if style == EP_ALL_TOKENS else 1, gated=w.gated, tp=max(1, tp // ep) if ep > 1 else tp, ep=ep,
                    style=style)
 
 
-def _engine_kernels(ops: list[Op], tp: int = 1, ep: int = 1, ep_style: str = EP_ALL_TOKENS) -> list[Kernel]:
+def _engine_kernels(ops: list[Op], tp: int = 1, ep: int = 1, ep_style: str = EP_ALL_TOKENS,
+                    attention_dp: int = 1) -> list[Kernel]:
     kernels: list[Kernel] = []
     fused_at: dict[str, int] = {}  # fusion key -> index of its kernel; members need not be adjacent
     blocks = _moe_blocks(ops)
@@ -139,7 +142,7 @@ def _engine_kernels(ops: list[Op], tp: int = 1, ep: int = 1, ep_style: str = EP_
             continue
         if op.experts is not None:
             kernels.append(Kernel(name="fused_moe", op_class=GEMM, module=op.module, flops=op.flops, bytes=op.bytes,
-                                  dtype=op.dtype, count=op.count, op=op, moe=_moe_call(op, tp, ep, ep_style)))
+                                  dtype=op.dtype, count=op.count, op=op, moe=_moe_call(op, tp, ep, ep_style, attention_dp)))
             continue
         if op.op_class == OTHER and op.fusion_key is not None:
             if op.fusion_key in fused_at:
@@ -174,19 +177,21 @@ def _engine_kernels(ops: list[Op], tp: int = 1, ep: int = 1, ep_style: str = EP_
 
 
 def build_kernels(trace: Trace, execution: str, tp: int = 1, ep: int = 1, act_bytes: int = 2,
-                  ep_style: str = EP_ALL_TOKENS) -> list[Kernel]:
+                  ep_style: str = EP_ALL_TOKENS, attention_dp: int = 1) -> list[Kernel]:
     if execution not in EXECUTIONS:
         raise ValueError(f"unknown execution '{execution}' (choose from {', '.join(EXECUTIONS)})")
     if ep_style not in EP_STYLES:
         raise ValueError(f"unknown expert-parallel style '{ep_style}' (choose from {', '.join(EP_STYLES)})")
     kv_bytes = trace.kv_element_size
     if execution == EAGER:
+        if attention_dp > 1:
+            raise ValueError("attention data parallelism is priced for engine execution only")
         ops = [_shard_op(op, tp, ep, act_bytes, kv_bytes) for op in trace.ops]
         request = trace.request
         return _eager_kernels(ops, masked_attention=request.context_length > 0 and request.query_length > 1)
     # the fused-MoE kernel model takes the global expert shape and the layout itself
     ops = [op if op.experts is not None else _shard_op(op, tp, ep, act_bytes, kv_bytes) for op in trace.ops]
-    return _engine_kernels(ops, tp, ep, ep_style)
+    return _engine_kernels(ops, tp, ep, ep_style, attention_dp)
 
 
 __all__ = ["ATTENTION", "EAGER", "ENGINE", "EP_ALL_TOKENS", "EP_DISPATCH", "EP_STYLES", "EXECUTIONS", "GEMM", "Kernel",

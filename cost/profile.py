@@ -77,6 +77,10 @@ class HardwareProfile:
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
     l2_cache_mb: float = 0.0      # 0: unknown, no L2 residency modelled
+    gpus_per_node: int = 8        # GPUs one interconnect domain (NVLink, Infinity Fabric, HCCS) joins
+    scale_out_name: str = ""      # the network between nodes; empty: unknown, multi-node layouts are refused
+    scale_out_bandwidth_gbps: float = 0.0    # per GPU, per direction
+    scale_out_latency_us: float = 0.0
     engines_data: dict = field(default_factory=dict, compare=False, repr=False)   # the raw `engines` section
 
     @property
@@ -232,7 +236,26 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         host_link_bandwidth_gbps=_require(data, "host_link.bandwidth_gbps", float, where),
         kernel_launch_us=_require(data, "kernel_launch_us", float, where),
         efficiency=_efficiency(data, where, seen), sources=data.get("sources", {}), path=where,
-        l2_cache_mb=float(l2), engines_data=data.get("engines", {}))
+        l2_cache_mb=float(l2), engines_data=data.get("engines", {}), **_scale_out(data, where))
+
+
+def _scale_out(data: dict, where: str) -> dict:
+    """The optional `scale_out` section: how nodes are joined, per GPU."""
+    raw = data.get("scale_out")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: 'scale_out' must be an object with gpus_per_node, bandwidth_gbps, latency_us")
+    out = {"scale_out_name": str(raw.get("name", ""))}
+    for key, field_name, kind in (("gpus_per_node", "gpus_per_node", int),
+                                  ("bandwidth_gbps", "scale_out_bandwidth_gbps", float),
+                                  ("latency_us", "scale_out_latency_us", float)):
+        value = raw.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6 or \
+                (kind is int and value != int(value)):
+            raise ProfileError(f"{where}: field 'scale_out.{key}' must be a positive {kind.__name__}")
+        out[field_name] = kind(value)
+    return out
 
 
 def _bundled_keys() -> dict[str, str]:

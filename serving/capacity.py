@@ -52,13 +52,25 @@ def peak_activation_bytes(trace: Trace, tp: int) -> float:
     return peak
 
 
+def expert_weight_bytes(trace: Trace) -> float:
+    """Bytes of every routed expert's weights (an experts op reads only its active experts' share)."""
+    return sum(op.weight_bytes / max(op.experts.active_experts, 1e-9) * op.experts.num_experts * op.count
+               for op in trace.ops if op.experts is not None)
+
+
+def weight_bytes_per_gpu(trace: Trace, tp: int = 1, ep: int = 1, pp: int = 1) -> float:
+    """Dense weights shard over TP, routed experts over EP (or TP without EP); PP splits the layers."""
+    experts = expert_weight_bytes(trace)
+    return ((trace.weight_bytes - experts) / tp + experts / (ep if ep > 1 else tp)) / max(1, pp)
+
+
 def replica_memory(probe: Trace, hw: HardwareProfile, defaults: ServingDefaults, reserve_gb: float, tp: int = 1,
                    pp: int = 1, ep: int = 1, memory_fraction: float | None = None) -> ReplicaMemory:
-    """`probe`: a trace of the engine's largest step (max_batched_tokens tokens), for its activations."""
+    """`probe`: a trace of the engine's largest step (max_batched_tokens tokens), for its activations.
+    Under attention data parallelism `tp` is the attention TP of one DP rank, `ep` the whole MoE group."""
     fraction = defaults.memory_fraction if memory_fraction is None else memory_fraction
     capacity = hw.memory_capacity_gb * GB
-    # TP (and EP, for the experts that hold nearly all of an MoE model) shards weights; PP splits the layers
-    weights = probe.weight_bytes / max(tp, ep) / max(1, pp)
+    weights = weight_bytes_per_gpu(probe, tp, ep, pp)
     activations = peak_activation_bytes(probe, tp)
     reserve = reserve_gb * GB
     if defaults.memory_of_free:

@@ -295,10 +295,13 @@ class Engine:
         self.cache.free_seq(s, finished=True)
         r = s.req
         tpot = (now - s.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else None
-        self.res.records.append(RequestRecord(r.rid, r.arrival_s, s.admit_s, s.first_token_s - r.arrival_s, tpot,
-                                              r.prompt_tokens, r.output_tokens, s.gpu_hit, s.cpu_hit,
+        # the client sees each request later by the engine's per-request work outside the steps
+        # (API server, tokenizer, detokenizer: cost/engines.py ServingOverheads.request_ms)
+        outside = self.cost.overheads.request_ms * 1e-3
+        self.res.records.append(RequestRecord(r.rid, r.arrival_s, s.admit_s, s.first_token_s - r.arrival_s + outside,
+                                              tpot, r.prompt_tokens, r.output_tokens, s.gpu_hit, s.cpu_hit,
                                               r.session if r.session is not None else f"request-{r.rid}",
-                                              self.index, s.preemptions, now))
+                                              self.index, s.preemptions, now + outside))
         if self.on_finish is not None:
             self.on_finish(r, now)
 

@@ -75,7 +75,7 @@ def load_published(path: str) -> tuple[list[PublishedRun], list[tuple[str, str]]
             skipped.append((r["id"], why))
             continue
         if r.get("request_rate"):
-            load = Load(RATE, float(r["request_rate"]))
+            load = Load(RATE, float(r["request_rate"]), requests=int(r.get("num_requests") or 0))
         else:
             load = Load(MAX, requests=int(r.get("num_requests") or 0))
         dtype = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(r["precision"], "bf16")

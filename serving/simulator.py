@@ -6,6 +6,7 @@ instance whose clock is earliest.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .arrivals import OpenLoopArrivals
@@ -41,7 +42,12 @@ class ServerConfig:
         return self.instances * self.gpus_per_instance
 
 
-def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, arrivals=None) -> SimResult:
+PROGRESS_EVERY = 16   # engine step calls between progress reports
+
+
+def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, arrivals=None,
+             on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """Run the cluster until every request finishes; on_progress(done, total) hears how many have, now and then."""
     bs = config.block_size
     res = SimResult()
     cpu = CpuPool(config.cpu_blocks) if config.cpu_blocks and config.prefix_caching else None
@@ -50,7 +56,7 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
                       config, cpu, res, on_finish=arrivals.on_finish) for i in range(config.instances)]
     router = make_router(config.routing)
     fits = engines[0].cache.capacity_blocks
-    last_t = 0.0
+    last_t, ticks = 0.0, 0
     while True:
         busy = [e for e in engines if e.has_work()]
         engine = min(busy, key=lambda e: (e.clock, e.index)) if busy else None
@@ -71,8 +77,13 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
             res.cpu_block_s += len(cpu) * (engine.clock - last_t)
             last_t = engine.clock
         engine.step(t_arrival if t_arrival is not None else float("inf"))
+        ticks += 1
+        if on_progress is not None and ticks % PROGRESS_EVERY == 0:
+            on_progress(len(res.records) + len(res.rejected_ids), len(requests))
         if cpu is not None:
             res.cpu_blocks_peak = max(res.cpu_blocks_peak, len(cpu))
+    if on_progress is not None:
+        on_progress(len(res.records) + len(res.rejected_ids), len(requests))
     res.makespan_s = max(e.clock for e in engines)
     for e in engines:
         e._integrate(res.makespan_s)

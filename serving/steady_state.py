@@ -62,6 +62,21 @@ class SteadyState:
     note: str = ""
 
 
+def _poisson_quantile(mean: float, q: float) -> int:
+    """Smallest k with P(K <= k) >= q for K ~ Poisson(mean)."""
+    if mean <= 0:
+        return 0
+    term = cdf = math.exp(-mean) if mean < 700 else 0.0
+    if term == 0.0:       # a large mean: normal approximation
+        return max(0, round(mean + {0.5: 0.0, 0.9: 1.2816, 0.99: 2.3263}.get(q, 0.0) * math.sqrt(mean)))
+    k = 0
+    while cdf < q and k < 10000:
+        k += 1
+        term *= mean / k
+        cdf += term
+    return k
+
+
 def _waiting_quantiles(mean: float, busy: float) -> dict:
     """Quantiles of an M/D/1-like wait: zero with probability 1 - busy, else about exponential."""
     out = {"mean": mean}
@@ -73,40 +88,87 @@ def _waiting_quantiles(mean: float, busy: float) -> dict:
 
 def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load: Load, limits: Limits,
           request_overhead_s: float = 0.0) -> SteadyState:
-    """`step(decoding, prefill_tokens, prefill_context, decode_context)`: seconds of one engine step."""
+    """`step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context)`: seconds of one engine step
+    (serving/step_cost.py StepCost.steady)."""
     prompt = max(1, input_tokens - cached_tokens)
     o = max(1, output_tokens)
     ctx_decode = input_tokens + o // 2
-    ctx_prefill = cached_tokens + prompt // 2
     kv_per_request = input_tokens + o
     admit = max(1, min(limits.max_num_seqs, limits.kv_tokens // kv_per_request))
     budget = limits.max_batched_tokens
+    # prompts are prefilled in chunks of up to the budget, each over the cached prefix and earlier chunks
+    chunk = min(prompt, budget) if limits.chunked_prefill else prompt
+    chunk_context = cached_tokens + (prompt - chunk) / 2
+    engine_step = step
+
+    def step(n: float, p: float) -> float:
+        return engine_step(n, p, chunk, chunk_context, ctx_decode)
+
+    lumpy = not (load.kind == RATE and load.arrival == "constant")
+
+    def mean_step(n: float, p: float) -> float:
+        """The mean step when prompts come whole: a step prefills the K prompts that arrived during the one
+        before (K Poisson, or the two integers around its mean for evenly spaced arrivals), at most the
+        budget left by the decodes; a prompt longer than that fills whole chunk steps. Step time is convex in
+        the tokens (flat while weight reads dominate), so the mean of steps exceeds the step of the mean."""
+        if p <= 0:
+            return step(n, 0)
+        room = max(1.0, budget - n) if limits.chunked_prefill else max(float(prompt), budget - n)
+        if prompt >= room:
+            f = min(1.0, p / room)
+            return f * step(n, room) + (1 - f) * step(n, 0)
+        lam = p / prompt
+        if not lumpy:
+            k = math.floor(lam)
+            frac = lam - k
+            return (1 - frac) * step(n, min(room, k * prompt)) + frac * step(n, min(room, (k + 1) * prompt))
+        total, weight, k = 0.0, math.exp(-lam) if lam < 700 else 0.0, 0
+        if weight == 0.0:
+            return step(n, min(room, p))
+        acc = 0.0
+        while k <= lam + 6 * math.sqrt(lam) + 6:
+            total += weight * step(n, min(room, k * prompt))
+            acc += weight
+            k += 1
+            weight *= lam / k
+        return total / acc
 
     def state(rate: float) -> tuple[float, float, float]:
         """(running, prefill tokens per step, step seconds) at `rate`, by fixed-point iteration."""
-        s = step(0, min(prompt, budget), ctx_prefill, ctx_decode)
+        s = step(0, min(prompt, budget))
         for _ in range(60):
             # past the admission and budget limits the load is infeasible anyway: never price absurd shapes
             n = min(rate * (o - 1) * s, 2.0 * admit + 2)
             p = min(rate * prompt * s, 2.0 * budget)
-            s_new = step(n, p, ctx_prefill, ctx_decode)
+            s_new = mean_step(n, p)
             if abs(s_new - s) <= 1e-6 * s:
                 break
             s = 0.5 * (s + s_new)
         return min(rate * (o - 1) * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget), s
 
-    def ttft(n: float, p: float, s: float, poisson: bool) -> dict:
+    def ttft(n: float, p: float, s: float, poisson: bool, rate: float) -> dict:
+        """A request waits for the step under way (uniform over it), for the prompts queued ahead (M/D/1 under
+        Poisson arrivals), then for its own prefill step(s), which also carry the prompts that arrived with it
+        during the previous step (Poisson, mean rate x step)."""
         capacity = max(1.0, budget - n)
         if not limits.chunked_prefill:
             capacity = max(capacity, prompt)       # a whole prompt goes in one step, budget or not
         own_steps = math.ceil(prompt / capacity)
-        own = own_steps * step(n, min(prompt, capacity), ctx_prefill, ctx_decode)
         busy = min(0.999, p / capacity)
         service = prompt / capacity * s
         wait = busy * service / (2 * (1 - busy)) if poisson else 0.0
         w = _waiting_quantiles(wait, busy if poisson else 0.0)
-        base = request_overhead_s + s / 2 + own
-        return {k: base + v for k, v in w.items()}
+        along = rate * s                          # prompts arriving during one step
+        out = {}
+        for key, q in (("mean", None), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            others = along if q is None or not poisson else _poisson_quantile(along, q)
+            if own_steps == 1:
+                own = step(n, min(capacity, prompt * (1 + others)))
+            else:
+                own = own_steps * step(n, capacity)
+            residual = s / 2 if q is None else q * s
+            out[key] = request_overhead_s + residual + own + w[key]
+        return out
 
     def feasible(rate: float) -> tuple[bool, str, tuple]:
         n, p, s = state(rate)
@@ -131,7 +193,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
     def result(rate: float, stable: bool, limited: str, ttft_extra: float = 0.0, note: str = "") -> SteadyState:
         n, p, s = state(rate)
-        t = ttft(n, p, s, load.arrival == "poisson" and load.kind == RATE)
+        t = ttft(n, p, s, load.arrival == "poisson" and load.kind == RATE, rate)
         t = {k: v + ttft_extra for k, v in t.items()}
         e2e = {k: v + (o - 1) * s for k, v in t.items()}
         return SteadyState(stable, rate, n, s, t, s, e2e, rate * o, rate * (input_tokens + o), limited, note)
@@ -139,17 +201,29 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     if load.kind == RATE:
         ok, limited, _ = feasible(load.value)
         if ok:
-            return result(load.value, True, "load")
+            state = result(load.value, True, "load")
+            if load.requests:   # a finite run lasts from the first arrival to the last request's last token
+                duration = (load.requests - 1) / load.value + state.e2e_s["mean"]
+                state.output_tokens_per_s = load.requests * o / duration
+                state.total_tokens_per_s = load.requests * (input_tokens + o) / duration
+            return state
         top = saturation()
-        return result(top, False, limited, note=f"offered {load.value:g} requests/s exceeds the {top:.3g} "
-                                                 f"this replica sustains ({limited}): queues grow without bound")
+        note = f"offered {load.value:g} requests/s exceeds the {top:.3g} this replica sustains ({limited})"
+        if not load.requests:
+            return result(top, False, limited, note=note + ": queues grow without bound")
+        # a finite run: the queue grows while requests arrive, then drains; walk it step by step
+        spacing = 1.0 / load.value
+        walk = _walk(step, [i * spacing for i in range(load.requests)], prompt, o, admit, budget,
+                     limits.chunked_prefill)
+        return _walked(walk, result(top, False, limited), request_overhead_s, input_tokens, o, limited,
+                       note + f": {load.requests} requests, the queue grows while they arrive")
     if load.kind == CONCURRENCY:
         users = load.value
         rate = 0.0
         for _ in range(80):   # R = C / (E2E at R), damped
             r = result(rate, True, "load") if rate > 0 else None
-            e2e = r.e2e_s["mean"] if r else (request_overhead_s + step(0, prompt, ctx_prefill, ctx_decode)
-                                             + (o - 1) * step(1, 0, ctx_prefill, ctx_decode))
+            e2e = r.e2e_s["mean"] if r else (request_overhead_s + step(0, prompt)
+                                             + (o - 1) * step(1, 0))
             new = users / e2e
             if rate and abs(new - rate) <= 1e-6 * rate:
                 break
@@ -168,59 +242,75 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return steady
     # a finite burst queued at once: its first tokens come as fast as prefill drains the queue, which
     # is not the steady state's pace (decodes have not filled the batch yet): walk the burst step by step
-    first, tpot, makespan = _burst(step, load.requests, prompt, o, admit, budget, limits.chunked_prefill,
-                                   ctx_prefill, ctx_decode)
-    ttft = sorted(request_overhead_s + t for t in first)
+    walk = _walk(step, [0.0] * load.requests, prompt, o, admit, budget, limits.chunked_prefill,
+                 )
+    return _walked(walk, steady, request_overhead_s, input_tokens, o, limited,
+                   f"{load.requests} requests queued at once")
+
+
+def _walked(walk, steady: SteadyState, overhead_s: float, input_tokens: int, o: int, limited: str,
+            note: str) -> SteadyState:
+    waits, tpot, makespan = walk
+    ttft = sorted(overhead_s + w for w in waits)
     q = {"mean": sum(ttft) / len(ttft), **{f"p{k}": ttft[min(len(ttft) - 1, round(k / 100 * (len(ttft) - 1)))]
                                            for k in (50, 90, 99)}}
-    rate = load.requests / makespan
+    rate = len(waits) / makespan
     return SteadyState(True, rate, steady.running, steady.step_s, q, tpot,
                        {k: v + (o - 1) * tpot for k, v in q.items()}, rate * o,
-                       rate * (input_tokens + o), limited, f"{load.requests} requests queued at once")
+                       rate * (input_tokens + o), limited, note)
 
 
-def _burst(step, requests: int, prompt: int, output: int, admit: int, budget: int, chunked: bool,
-           ctx_prefill: int, ctx_decode: int) -> tuple[list[float], float, float]:
-    """Steps of an engine given `requests` identical requests at once: (first-token times, mean TPOT, makespan).
-    Requests are admitted in order up to `admit` running; each step fills the token budget with the running
-    requests' decodes, then prefill of the admitted prompts in order."""
+def _walk(step, arrivals: list[float], prompt: int, output: int, admit: int, budget: int, chunked: bool,
+          ) -> tuple[list[float], float, float]:
+    """An engine's steps over identical requests arriving at `arrivals` (sorted seconds): (each request's wait
+    for its first token, mean TPOT, makespan from the first arrival to the last token). Each step fills the
+    token budget with the running requests' decodes, then with prefill of the admitted prompts in order;
+    at most `admit` requests run (prefilling or decoding) at once."""
     from collections import deque
-    t, first = 0.0, []
-    started, left = 0, 0            # requests admitted; prompt tokens of the one being prefilled
-    decoding: deque = deque()       # [requests, decode steps left, first token] groups, in first-token order
-    n_decoding = 0
+    n = len(arrivals)
+    t = arrivals[0]
+    waiting: deque = deque()       # arrival times, not yet admitted
+    prefilling: deque = deque()    # [arrival, prompt tokens left]
+    decoding: deque = deque()      # [requests, decode steps left, first-token time], in first-token order
+    n_decoding, done, nxt = 0, 0, 0
+    waits: list[float] = []
     tpot_sum = 0.0
-    while len(first) < requests or n_decoding:
-        room = budget - n_decoding
-        prefill, finished_prefill = 0, 0
-        while len(first) + finished_prefill < requests and room > 0 and \
-                started - len(first) - finished_prefill + n_decoding < admit + 1:
-            if left == 0:
-                if started >= requests or started - len(first) + n_decoding >= admit:
-                    break
-                started += 1
-                left = prompt
-            take = left if not chunked else min(left, room)
-            if take > room and prefill:   # an unchunked prompt waits for a step of its own
+    while done < n:
+        while nxt < n and arrivals[nxt] <= t:
+            waiting.append(arrivals[nxt])
+            nxt += 1
+        while waiting and len(prefilling) + n_decoding < admit:
+            prefilling.append([waiting.popleft(), prompt])
+        if not prefilling and not n_decoding:
+            t = arrivals[nxt]      # idle until the next request arrives
+            continue
+        room, prefill, finished = budget - n_decoding, 0, []
+        for item in prefilling:
+            if room <= 0:
                 break
+            take = min(item[1], room) if chunked else item[1]
+            if not chunked and take > room and prefill:
+                break                  # an unchunked prompt waits for a step with room for all of it
             prefill += take
             room -= take
-            left -= take
-            if left == 0:
-                finished_prefill += 1
-        s = step(n_decoding, prefill, ctx_prefill, ctx_decode)
-        t += s
+            item[1] -= take
+            if item[1]:
+                break
+            finished.append(item[0])
+        for _ in finished:
+            prefilling.popleft()
+        t += step(n_decoding, prefill)
         for group in decoding:
             group[1] -= 1
         while decoding and decoding[0][1] <= 0:
-            count, _, started_t = decoding.popleft()
+            count, _, first = decoding.popleft()
             n_decoding -= count
-            tpot_sum += count * (t - started_t) / (output - 1)
-        if finished_prefill:
-            first += [t] * finished_prefill
-            if output > 1:
-                decoding.append([finished_prefill, output - 1, t])
-                n_decoding += finished_prefill
-        if not prefill and not n_decoding and len(first) < requests and started >= requests:
-            break   # nothing can move (cannot happen with a sane budget): never loop forever
-    return first, (tpot_sum / len(first) if first and output > 1 else 0.0), t
+            done += count
+            tpot_sum += count * (t - first) / (output - 1)
+        waits += [t - a for a in finished]
+        if output > 1 and finished:
+            decoding.append([len(finished), output - 1, t])
+            n_decoding += len(finished)
+        else:
+            done += len(finished)
+    return waits, (tpot_sum / n if output > 1 else 0.0), t - arrivals[0]

@@ -14,6 +14,7 @@ import math
 
 from cost.engines import ENGINES, ServingOverheads, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
+from cost.parallel import point_to_point_seconds
 from cost.execution import ENGINE
 from cost.profile import HardwareProfile
 from tracer.model_source import ModelSpec
@@ -39,6 +40,8 @@ class StepCost:
             self.overheads, self.overhead_origin = ServingOverheads(0, 0, 0, 0, 0), "none (eager execution)"
         text = spec.config.get("text_config") or {}
         self.vocab = int(spec.config.get("vocab_size") or text.get("vocab_size") or 32000)
+        self.hidden = int(spec.config.get("hidden_size") or text.get("hidden_size") or 4096)
+        self.num_layers = int(spec.config.get("num_hidden_layers") or text.get("num_hidden_layers") or 1)
         self._launches: dict = {}
         self._cache: dict = {}
         self._linear: dict = {}
@@ -79,21 +82,44 @@ class StepCost:
             self._linear[tokens] = t
         return t
 
-    def prefill_attention(self, tokens: int, context: int) -> float:
-        key = (_pow2_at_least(tokens), _pow2_at_least(context) if context else 0)
+    def _per_token_prefill(self, tokens_bucket: int, context_bucket: int) -> float:
+        key = (tokens_bucket, context_bucket)
         per_token = self._prefill.get(key)
         if per_token is None:
-            per_token = self._prefill[key] = self._parts(Request(1, key[0], key[1]))[1] / key[0]
-        return per_token * tokens
+            per_token = self._prefill[key] = self._parts(Request(1, tokens_bucket, context_bucket))[1] / tokens_bucket
+        return per_token
+
+    def prefill_attention(self, tokens: int, context: int) -> float:
+        """Attention of a `tokens`-token chunk over `context` earlier tokens: per-token cost interpolated
+        linearly in the context between power-of-two shapes."""
+        tb = _pow2_at_least(max(1, round(tokens)))
+        if context <= 0:
+            return self._per_token_prefill(tb, 0) * tokens
+        hi = _pow2_at_least(int(math.ceil(context)))
+        lo = hi // 2 if hi > 1 else 0
+        t_hi = self._per_token_prefill(tb, hi)
+        t_lo = self._per_token_prefill(tb, lo)
+        return (t_lo + (t_hi - t_lo) * (context - lo) / (hi - lo)) * tokens
 
     def decode_attention(self, batch: int, context: int) -> float:
+        """Decode attention per sequence, interpolated linearly in the context between power-of-two shapes."""
         if batch == 0:
             return 0.0
-        key = (_pow2_at_least(batch), _pow2_at_least(max(1, context)))
-        per_seq = self._decode.get(key)
-        if per_seq is None:
-            per_seq = self._decode[key] = self._parts(Request(key[0], 1, key[1], decode=True))[1] / key[0]
-        return per_seq * batch
+        bb = _pow2_at_least(batch)
+
+        def per_seq(ctx: int) -> float:
+            key = (bb, ctx)
+            v = self._decode.get(key)
+            if v is None:
+                v = self._decode[key] = self._parts(Request(bb, 1, ctx, decode=True))[1] / bb
+            return v
+
+        context = max(1, context)
+        hi = _pow2_at_least(int(math.ceil(context)))
+        lo = max(1, hi // 2)
+        if hi == lo or context == hi:
+            return per_seq(hi) * batch
+        return (per_seq(lo) + (per_seq(hi) - per_seq(lo)) * (context - lo) / (hi - lo)) * batch
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)
@@ -101,15 +127,29 @@ class StepCost:
             tokens += t
             attention += self.prefill_attention(t, c)
         kernels = self.linear(tokens) + attention
+        if self.par.pp > 1:
+            kernels = kernels * self.stage_factor + self.par.pp * self.stage_send_s(tokens)
         return kernels + self.beyond_kernels(decode_batch + len(chunks), tokens, kernels,
                                              decode_only=not chunks)
+
+    @property
+    def stage_factor(self) -> float:
+        """Pipeline stages run in lockstep at the pace of the slowest: with L layers over pp stages a stage holds
+        ceil(L / pp), and each of the pp micro-batches in flight passes every stage once per step."""
+        layers = max(1, self.num_layers)
+        return self.par.pp * math.ceil(layers / self.par.pp) / layers
+
+    def stage_send_s(self, tokens: int) -> float:
+        """Hidden states of `tokens` tokens sent to the next stage (across nodes when the replica spans them)."""
+        cross = self.par.tp * self.par.pp > self.hw.gpus_per_node
+        return point_to_point_seconds(tokens * self.hidden * 2, self.hw, cross)
 
     def beyond_kernels(self, sequences: float, tokens: int, kernels_s: float, decode_only: bool) -> float:
         """What a step costs besides its kernels: sampling, the scheduler, rank sync, eager launches."""
         if self.execution != ENGINE or sequences <= 0:
             return 0.0
         o = self.overheads
-        gpus = self.par.tp * self.par.pp
+        gpus = self.par.tp * self.par.pp * self.par.attention_dp
         extra = (o.step_us + o.seq_us * sequences + o.gpu_sync_us * (gpus - 1)) * 1e-6
         extra += sampling_seconds(sequences, self.vocab, self.hw, self.engine)
         if decode_only and sequences > self.defaults.graph_max_batch:
@@ -120,11 +160,24 @@ class StepCost:
             extra += max(0.0, launches * self.hw.kernel_launch_us * 1e-6 - kernels_s)
         return extra
 
-    def steady(self, decoding: float, prefill_tokens: float, prefill_context: int, decode_context: int) -> float:
-        """A step of the steady-state model (serving/steady_state.py): fractional counts interpolated."""
-        def at(n: int, p: int) -> float:
-            return self.step([(p, prefill_context)] if p > 0 else [], n, decode_context)
-        n0, p0 = math.floor(decoding), math.floor(prefill_tokens)
-        fn, fp = decoding - n0, prefill_tokens - p0
-        base = at(n0, p0)
-        return (base + fn * (at(n0 + 1, p0) - base) + fp * (at(n0, p0 + 1) - base)) if (fn or fp) else base
+    def steady(self, decoding: float, prefill_tokens: float, chunk_tokens: int, chunk_context: float,
+               decode_context: float) -> float:
+        """A step of the steady-state model (serving/steady_state.py): `decoding` requests (fractional: a mean)
+        each decode one token, and `prefill_tokens` prompt tokens are prefilled as chunks of `chunk_tokens`
+        over `chunk_context` earlier tokens each."""
+        sequences = decoding + (prefill_tokens / chunk_tokens if prefill_tokens > 0 else 0.0)
+        tokens = decoding + prefill_tokens
+        attention = _lerp(lambda b: self.decode_attention(b, round(decode_context)), decoding) if decoding else 0.0
+        if prefill_tokens > 0:
+            attention += prefill_tokens * self.prefill_attention(chunk_tokens, chunk_context) / chunk_tokens
+        kernels = _lerp(self.linear, tokens) + attention
+        if self.par.pp > 1:
+            kernels = kernels * self.stage_factor + self.par.pp * self.stage_send_s(tokens)
+        return kernels + self.beyond_kernels(sequences, math.ceil(tokens), kernels, decode_only=prefill_tokens <= 0)
+
+
+def _lerp(f, x: float) -> float:
+    """f at a fractional argument, linear between the integers around it."""
+    lo = math.floor(x)
+    base = f(lo)
+    return base + (x - lo) * (f(lo + 1) - base) if x > lo else base

@@ -6,7 +6,7 @@ import json
 import sys
 from collections import defaultdict
 
-from .model_source import ModelError, bundled_models, resolve_model
+from .model_source import ModelError, ModelSpec, bundled_models, resolve_model
 from .table import format_table, human
 from .work import OP_CLASSES, Request, Trace, TraceOptions
 
@@ -30,10 +30,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "(default): hf for --execution eager, absorbed otherwise")
     p.add_argument("--moe-imbalance", type=float, default=1.0,
                    help="tokens on the busiest expert relative to balanced routing (default 1.0)")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow running a model's own remote code")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow fetching and running a model's own remote code")
+    p.add_argument("--revision", default=None,
+                   help="Hugging Face Hub ids: branch, tag or commit of config.json (default: main)")
     p.add_argument("--image-tokens", type=int, default=0, metavar="N",
                    help="vision-language models: N image tokens per sequence, counted as prefill input through the "
                         "language model, plus the vision encoder's work for them where it can be run (default 0)")
+
+
+def model_spec(args) -> ModelSpec:
+    """The model a command's MODEL, --revision and --trust-remote-code name."""
+    return resolve_model(args.model, revision=args.revision, trust_remote_code=args.trust_remote_code)
 
 
 def trace_options(args) -> TraceOptions:
@@ -109,7 +117,7 @@ def list_models() -> str:
 
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m tracer", description=__doc__)
-    p.add_argument("model", nargs="?", help="bundled name, folder or config.json path, or HF id in the local cache")
+    p.add_argument("model", nargs="?", help="bundled name, folder or config.json path, or Hugging Face Hub id")
     p.add_argument("--list", action="store_true", help="list the bundled models")
     p.add_argument("--num-queries", "-b", type=int, default=1)
     p.add_argument("--query-length", "-q", type=int, default=None, help="new tokens per sequence (default 2048)")
@@ -132,7 +140,7 @@ def main(argv=None) -> int:
     try:
         from .trace import trace
         request = Request(args.num_queries, query, args.context_length, decode=args.decode, all_logits=args.all_logits)
-        spec = resolve_model(args.model)
+        spec = model_spec(args)
         options = trace_options(args)
         t = trace(spec, request, options)
     except (ValueError, ModelError) as e:

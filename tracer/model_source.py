@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -58,19 +57,13 @@ def _read_config(path: Path, name: str, origin: str) -> ModelSpec:
     return ModelSpec(name=name, config=config, origin=origin, folder=str(path.parent))
 
 
-def _hf_cache_config(model_id: str) -> Path | None:
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-               / "hub")
-    snapshots = hub / ("models--" + model_id.replace("/", "--")) / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    candidates = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return candidates[0] if candidates else None
-
-
-def resolve_model(model: str) -> ModelSpec:
-    """MODEL may be a bundled name, a folder with config.json, a config.json path, or an HF id in the local cache."""
+def resolve_model(model: str, revision: str | None = None, trust_remote_code: bool = False) -> ModelSpec:
+    """MODEL may be a bundled name, a folder with config.json, a config.json path, or a Hugging Face Hub id
+    (tracer/hub.py: the local HF cache, else config.json fetched; remote code only with trust_remote_code)."""
     bundled = bundled_models()
+    is_hub_id = "/" in model and not model.startswith((".", "/", "~")) and not Path(model).expanduser().exists()
+    if revision is not None and not is_hub_id:
+        raise ModelError(f"--revision applies to Hugging Face Hub ids only, not to '{model}'")
     key = model.lower()
     if key in bundled:
         return _read_config(_configs_dir() / key / "config.json", key, bundled[key].source)
@@ -81,14 +74,15 @@ def resolve_model(model: str) -> ModelSpec:
         return _read_config(path / "config.json", path.name, str(path))
     if path.is_file():
         return _read_config(path, path.parent.name if path.name == "config.json" else path.stem, str(path))
-    if "/" in model and not model.startswith((".", "/")):
-        cached = _hf_cache_config(model)
-        if cached is not None:
-            return _read_config(cached, model, f"HF cache: {cached}")
-        raise ModelError(f"model '{model}' is not bundled and not in the local Hugging Face cache; pass a folder or "
-                         f"config.json path, or download it first (huggingface-cli download {model} config.json)")
+    if is_hub_id:
+        from .hub import HubError, hub_config
+        try:
+            path, origin = hub_config(model, revision, trust_remote_code)
+        except HubError as e:
+            raise ModelError(str(e)) from None
+        return _read_config(path, model, origin)
     raise ModelError(f"unknown model '{model}': use a bundled name (python -m tracer --list), "
-                     f"a folder holding config.json, a config.json path, or a Hugging Face id in the local cache")
+                     f"a folder holding config.json, a config.json path, or a Hugging Face id (org/name)")
 
 
 def config_weight_dtype(config: dict) -> str | None:

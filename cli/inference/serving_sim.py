@@ -24,13 +24,13 @@ from serving.routing import ROUTERS
 from serving.simulator import ServerConfig, StepCost, simulate
 from serving.traces import load_jsonl, load_mooncake
 from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, preset
-from tracer.model_source import resolve_model
 from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, positive_int, run_main,
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, model_spec, positive_int, run_main,
                       trace_options, warn)
+from ..progress import Progress
 from .memory import kv_heads, peak_activation_bytes
 
 MEMORY_UTILIZATION = 0.9
@@ -112,11 +112,13 @@ def _simulate_one(label: str) -> tuple[str, dict]:
     requests, cost, runs, window_s, users = _SHARED["job"]
     cfg = runs[label]
     arrivals = ClosedLoopArrivals(requests, users) if users else None
-    return label, simulate(requests, cost, cfg, arrivals).summary(cfg, window_s)
+    with Progress(len(requests), f"simulating {label}", unit="req", position=list(runs).index(label)) as bar:
+        result = simulate(requests, cost, cfg, arrivals, on_progress=bar.set)
+    return label, result.summary(cfg, window_s)
 
 
 def run(args) -> dict:
-    spec, hw, options = resolve_model(args.model), load_profile(args.device), trace_options(args)
+    spec, hw, options = model_spec(args), load_profile(args.device), trace_options(args)
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
@@ -128,8 +130,6 @@ def run(args) -> dict:
         r.hash_blocks(config.block_size)
     _SHARED["job"] = (requests, cost, runs, args.hit_window_s, args.concurrency)
     workers = min(len(runs), os.cpu_count() or 1, args.jobs)
-    if sys.stderr.isatty():
-        print(f"simulating {', '.join(runs)} ({len(requests)} requests)...", file=sys.stderr)
     if workers > 1:
         context = get_context("fork")
         with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:

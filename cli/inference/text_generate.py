@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from cost.estimate import BREAKDOWN_CLASSES, Estimate, Parallelism, estimate
 from cost.kernels import COMPUTE, MEMORY, OVERHEAD
 from cost.profile import HardwareProfile, load_profile
-from tracer.model_source import resolve_model
+from tracer.model_source import ModelSpec, resolve_model
 from tracer.table import format_table, human
 from tracer.trace import trace
 from tracer.work import Trace
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, positive_int, run_main,
-                      trace_options, warn)
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, model_spec, positive_int,
+                      run_main, trace_options, warn)
+from ..progress import Progress
 from .config import RequestInfo, UserInputConfig
 from .memory import MemoryEstimate, estimate_memory
 
@@ -77,12 +78,12 @@ class Result:
         return self.trace.notes + [MEMORY_NOTE] + self.estimate.notes + efficiency
 
 
-def predict(model: str, device: str, config: UserInputConfig, tp: int = 1, ep: int = 1, execution: str = "engine",
+def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: int = 1, ep: int = 1, execution: str = "engine",
             options=None, engine: str = "vllm", ep_style: str = "all-tokens") -> Result:
     from tracer.work import TraceOptions
     hw = load_profile(device)
     info = config.get_request_info()
-    spec = resolve_model(model)
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     t = trace(spec, info.to_request(), options or TraceOptions())
     est = estimate(t, hw, execution, Parallelism(tp, ep, ep_style), engine)
     memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_capacity_gb,
@@ -130,17 +131,19 @@ def render(r: Result) -> str:
     return "\n".join(lines)
 
 
-def sweep(args, options, rates: list[float]) -> int:
+def sweep(args, spec: ModelSpec, options, rates: list[float]) -> int:
     results = []
-    for rate in rates:
-        config = UserInputConfig(args.num_queries, args.query_length, args.context_length, False, rate)
-        results.append(predict(args.model, args.device, config, args.tp_size, args.ep_size, args.execution, options,
-                               args.engine, args.ep_style))
+    with Progress(len(rates), "hit rates") as bar:   # the first rates trace the model; each rate is a new shape
+        for rate in rates:
+            config = UserInputConfig(args.num_queries, args.query_length, args.context_length, False, rate)
+            results.append(predict(spec, args.device, config, args.tp_size, args.ep_size, args.execution, options,
+                                   args.engine, args.ep_style))
+            bar.update()
     base = results[0].estimate.latency_s if rates[0] == 0 else None
     if base is None:
-        base = predict(args.model, args.device, UserInputConfig(args.num_queries, args.query_length,
-                                                                args.context_length), args.tp_size, args.ep_size,
-                       args.execution, options, args.engine, args.ep_style).estimate.latency_s
+        base = predict(spec, args.device, UserInputConfig(args.num_queries, args.query_length, args.context_length),
+                       args.tp_size, args.ep_size, args.execution, options, args.engine,
+                       args.ep_style).estimate.latency_s
     rows = [{"prefix_cache_hit_rate": r.config.prefix_cache_hit_rate, "cached_tokens": r.info.cached_tokens,
              "effective_query_length": r.info.query_len, "ttft_ms": r.estimate.latency_s * 1e3,
              "prefill_tokens_per_s": r.throughput, "speedup": base / r.estimate.latency_s} for r in results]
@@ -175,15 +178,16 @@ def sweep(args, options, rates: list[float]) -> int:
 
 def body(args) -> int:
     options = trace_options(args)
+    spec = model_spec(args)   # resolved (for a Hub id: fetched) once for every prediction below
     if args.sweep_prefix_cache_hit_rate is not None:
         if args.decode:
             raise ValueError("--sweep-prefix-cache-hit-rate is for prefill, not --decode")
-        return sweep(args, options, args.sweep_prefix_cache_hit_rate)
+        return sweep(args, spec, options, args.sweep_prefix_cache_hit_rate)
     if args.decode and args.prefix_cache_hit_rate > 0:
         warn("--prefix-cache-hit-rate applies to prefill only; ignored for --decode (RFC 5.2)")
     query = 1 if args.decode and args.query_length is None else args.query_length
     config = UserInputConfig(args.num_queries, query, args.context_length, args.decode, args.prefix_cache_hit_rate)
-    result = predict(args.model, args.device, config, args.tp_size, args.ep_size, args.execution, options,
+    result = predict(spec, args.device, config, args.tp_size, args.ep_size, args.execution, options,
                      args.engine, args.ep_style)
     print(json.dumps(result.as_json(), indent=1) if args.json else render(result))
     return 0
@@ -198,7 +202,7 @@ def rate_list(text: str) -> list[float]:
 
 def main(argv=None) -> int:
     p = ArgumentParser(prog="text-generate", description=__doc__.split("\n")[0])
-    p.add_argument("model", help="bundled model name, folder or config.json path, or HF id in the local cache")
+    p.add_argument("model", help="bundled model name, folder or config.json path, or Hugging Face Hub id")
     add_device_arguments(p)
     p.add_argument("--num-queries", "-b", type=positive_int, default=1, help="sequences in the batch (default 1)")
     p.add_argument("--query-length", "-q", type=positive_int, default=None,

@@ -1,249 +1,151 @@
-"""Best serving setup (parallel layout and batch) for a model on N devices, within TTFT / TPOT limits.
+"""Best serving setup (parallel layout and load) for a model on N devices, within TTFT / TPOT limits.
 
     python -m cli.inference.throughput_optimizer MODEL --device DEVICE --num-devices N --input-length I
-        --output-length O [--prefix-cache-hit-rate H] [--ttft-limit MS] [--tpot-limit MS]
-        [--max-prefill-tokens T] [--mode mixed|disagg|both] [--json]
+        --output-length O [--request-rate R | --concurrency C] [--ttft-limit MS] [--tpot-limit MS]
+        [--prefix-cache-hit-rate H] [--mode mixed|disagg|both] [--tp-sizes ..] [--pp-sizes ..] [--ep-sizes ..]
+        [--attention-dp auto|on|off] [--nodes K] [--verify N] [--json]
 
-Definitions (README, "throughput_optimizer"): per replica of `tp` devices with `batch` concurrent requests,
-mixed (PD co-located) mode interleaves prefill waves of prefill_batch_size requests with decode steps:
-  cycle  = O x decode_step(batch) + ceil(batch / wave) x prefill_wave
-  TTFT   = (waves + 1) / 2 x (prefill_wave + decode_step(batch)),  waves = ceil(batch / wave)
-  TPOT   = cycle / O                                (includes the other requests' prefill waves)
-  tokens/s = dp x batch x O / cycle
-Disaggregated mode runs prefill and decode on separate instances and balances their rates.
+Each layout is priced as the engine runs it: step costs from the fitted kernels plus the engine's overheads,
+the KV cache its memory budget leaves, and the steady state of its continuous-batching scheduler at the
+load (serving/steady_state.py). Without a load, each layout is taken to the highest request rate whose
+latencies meet the limits. Prefix caching follows the RFC (cli/inference/shapes.py): prefill works on the
+effective input length over the cached prefix, decode on the original lengths.
 """
 from __future__ import annotations
 
 import json
 import math
 import sys
-from dataclasses import dataclass, field, replace
 
-from cost.estimate import Parallelism, estimate
-from cost.profile import HardwareProfile, load_profile
-from tracer.model_source import ModelSpec, resolve_model
+from cost.engines import ENGINES
+from cost.profile import load_profile
+from serving.layouts import LayoutSpace, layouts
+from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
+                            Searcher, Workload, layout_error)
+from serving.steady_state import Load
+from serving.verify import simulate_candidate
+from serving.workload import ARRIVALS
+from tracer.model_source import resolve_model
 from tracer.table import format_table
 from tracer.trace import trace
-from tracer.work import Request, TraceOptions
+from tracer.work import Request
 
 from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, positive_int, run_main,
-                      trace_options)
-from .memory import GB, MemoryEstimate, estimate_memory
+                      trace_options, warn)
+from .config import InputError
 from .shapes import ServingShapes, load_hit_rate_distribution
 
-MEMORY_UTILIZATION = 0.9  # share of device memory a serving engine plans for (vLLM's default)
-MIXED, DISAGG = "mixed", "disagg"
+
+def _model_facts(spec, options) -> tuple[int, int]:
+    """(attention heads, routed experts or 0) of the traced model."""
+    t = trace(spec, Request(1, 1, 1, decode=True), options)
+    heads = next((op.attention.heads for op in t.ops if op.attention is not None), 1)
+    experts = next((op.experts.num_experts for op in t.ops if op.experts is not None), 0)
+    return heads, experts
 
 
-@dataclass
-class Candidate:
-    mode: str
-    tp_size: int
-    ep_size: int
-    dp_size: int
-    batch_size: int
-    prefill_batch_size: int
-    ttft_ms: float
-    tpot_ms: float
-    throughput_tokens_per_s: float
-    throughput_tokens_per_s_per_device: float
-    memory: MemoryEstimate
-    fits: bool
-    meets_limits: bool
-    why_not: list[str] = field(default_factory=list)
-    prefill_instances: int | None = None
-    decode_instances: int | None = None
-    prefill_to_decode_ratio: float | None = None  # prefill instances per decode instance that balance the rates
-
-    def as_json(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("memory", "why_not")}
-        out["memory_gb"] = self.memory.as_gb()
-        out["why_not"] = self.why_not
-        if self.mode == MIXED:
-            for key in ("prefill_instances", "decode_instances", "prefill_to_decode_ratio"):
-                out.pop(key)
-        return out
+def _load(args) -> Load:
+    if args.request_rate is not None:
+        return Load(RATE, args.request_rate, args.arrival)
+    if args.concurrency is not None:
+        return Load(CONCURRENCY, float(args.concurrency))
+    return Load(MAX)
 
 
-@dataclass(frozen=True)
-class Limits:
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
+def _num_devices(args, hw) -> int:
+    if args.nodes is None:
+        if args.num_devices is None:
+            raise InputError("give --num-devices N (or --nodes K for K whole nodes)")
+        return args.num_devices
+    per_node = hw.gpus_per_node
+    n = args.num_devices or args.nodes * per_node
+    if n > args.nodes * per_node or n <= (args.nodes - 1) * per_node:
+        raise InputError(f"--num-devices {n} does not fill --nodes {args.nodes} of {per_node} GPUs ({hw.name})")
+    if args.nodes > 1 and hw.scale_out_bandwidth_gbps <= 0:
+        raise InputError(f"{hw.name}: the profile has no scale-out network ('scale_out'), so layouts over "
+                         f"{args.nodes} nodes cannot be priced")
+    return n
 
 
-class Evaluator:
-    """Prices candidates; every distinct forward shape is traced once and costed per layout."""
-
-    def __init__(self, spec: ModelSpec, hw: HardwareProfile, shapes: ServingShapes, options: TraceOptions,
-                 execution: str, limits: Limits, num_devices: int, engine: str = "vllm", ep_style: str = "all-tokens"):
-        self.spec, self.hw, self.shapes, self.options = spec, hw, shapes, options
-        self.execution, self.limits, self.num_devices = execution, limits, num_devices
-        self.engine, self.ep_style = engine, ep_style
-        self._latency: dict = {}
-        self.hit_rate_mix: list[tuple[float, float]] | None = None
-
-    def latency_s(self, request: Request, tp: int, ep: int) -> float:
-        key = (request, tp, ep)
-        if key not in self._latency:
-            t = trace(self.spec, request, self.options)
-            par = Parallelism(tp, ep, self.ep_style)
-            self._latency[key] = estimate(t, self.hw, self.execution, par, self.engine).wall_s
-        return self._latency[key]
-
-    def wave_s(self, batch: int, tp: int, ep: int) -> float:
-        """One prefill wave; with a hit-rate distribution, the mean over its rates."""
-        mix = self.hit_rate_mix or [(self.shapes.prefix_cache_hit_rate, 1.0)]
-        total = 0.0
-        for rate, weight in mix:
-            shapes = replace(self.shapes, prefix_cache_hit_rate=rate)
-            total += weight * sum(self.latency_s(r, tp, ep) for r in shapes.prefill_requests(batch))
-        return total
-
-    def memory(self, kv_tokens: int, activation_requests: list[Request], tp: int, ep: int,
-               sequences: int) -> MemoryEstimate:
-        estimates = [estimate_memory(trace(self.spec, r, self.options), kv_tokens, tp, ep, self.hw.memory_capacity_gb,
-                                     sequences=sequences) for r in activation_requests]
-        return max(estimates, key=lambda m: m.total)
-
-    def _check(self, ttft_s: float, tpot_s: float, memory: MemoryEstimate) -> tuple[bool, bool, list[str]]:
-        why = []
-        fits = memory.total <= memory.capacity * MEMORY_UTILIZATION
-        if not fits:
-            why.append(f"memory {memory.total / GB:.1f} GB > {memory.capacity * MEMORY_UTILIZATION / GB:.1f} GB usable")
-        if self.limits.ttft_ms is not None and ttft_s * 1e3 > self.limits.ttft_ms:
-            why.append(f"TTFT {ttft_s * 1e3:.1f} ms > {self.limits.ttft_ms:g} ms")
-        if self.limits.tpot_ms is not None and tpot_s * 1e3 > self.limits.tpot_ms:
-            why.append(f"TPOT {tpot_s * 1e3:.2f} ms > {self.limits.tpot_ms:g} ms")
-        return fits, not why, why
-
-    def mixed(self, tp: int, ep: int, batch: int) -> Candidate:
-        s = self.shapes
-        dp = self.num_devices // tp
-        wave = min(s.prefill_batch_size, batch)
-        wave_s = self.wave_s(wave, tp, ep)
-        decode = s.decode_request(batch)
-        step_s = self.latency_s(decode, tp, ep)
-        waves = math.ceil(batch / wave)
-        cycle_s = s.output_length * step_s + waves * wave_s
-        # the batch's new requests are prefilled in `waves` waves, each followed by a decode step: on average a
-        # request's first token comes after half of them
-        ttft_s, tpot_s = (waves + 1) / 2 * (wave_s + step_s), cycle_s / s.output_length
-        memory = self.memory(batch * s.kv_tokens_per_request, s.prefill_requests(wave) + [decode], tp, ep, batch)
-        fits, ok, why = self._check(ttft_s, tpot_s, memory)
-        throughput = dp * batch * s.output_length / cycle_s
-        return Candidate(MIXED, tp, ep, dp, batch, wave, ttft_s * 1e3, tpot_s * 1e3, throughput,
-                         throughput / self.num_devices, memory, fits, ok, why)
-
-    def disagg(self, tp: int, ep: int, batch: int) -> Candidate:
-        s = self.shapes
-        replicas = self.num_devices // tp
-        wave = s.prefill_batch_size
-        wave_s = self.wave_s(wave, tp, ep)
-        # the prefill instance ships each request's KV cache to a decode instance
-        kv_bytes = trace(self.spec, s.prefill_requests(1)[0], self.options).kv_bytes_per_token * s.input_length
-        transfer_s = kv_bytes / (self.hw.interconnect_bandwidth_gbps * 1e9)
-        decode = s.decode_request(batch)  # decode instances ignore the prefix cache entirely
-        step_s = self.latency_s(decode, tp, ep)
-        prefill_rate = wave / wave_s                          # requests/s per prefill instance
-        decode_rate = batch / (s.output_length * step_s)      # requests/s per decode instance
-        best_p = max(range(1, replicas), key=lambda p: min(p * prefill_rate, (replicas - p) * decode_rate),
-                     default=0)
-        requests_per_s = min(best_p * prefill_rate, (replicas - best_p) * decode_rate) if best_p else 0.0
-        memory = max(self.memory(batch * s.kv_tokens_per_request, [decode], tp, ep, batch),
-                     self.memory(wave * s.input_length, s.prefill_requests(wave), tp, ep, wave), key=lambda m: m.total)
-        ttft_s, tpot_s = wave_s + transfer_s, step_s
-        fits, ok, why = self._check(ttft_s, tpot_s, memory)
-        if replicas < 2:
-            ok = False
-            why.append(f"disaggregation needs 2 instances; {self.num_devices} devices hold {replicas} of TP {tp}")
-        throughput = requests_per_s * s.output_length
-        return Candidate(DISAGG, tp, ep, replicas, batch, wave, ttft_s * 1e3, tpot_s * 1e3, throughput,
-                         throughput / self.num_devices, memory, fits, ok, why, best_p, replicas - best_p,
-                         decode_rate / prefill_rate)
-
-
-def batch_grid(low: int, high: int) -> list[int]:
-    """1, 2, 3, 4, 6, 8, 12, 16, ...: powers of two and their midpoints, within [low, high]."""
-    grid, p = {low, high}, 1
-    while p <= high:
-        grid.update(x for x in (p, p + p // 2) if low <= x <= high)
-        p *= 2
-    return sorted(grid)
-
-
-def search_layout(evaluate, grid: list[int]) -> list[Candidate]:
-    """Largest feasible batch by doubling then bisection over the grid (feasibility falls as batch grows)."""
-    seen: dict[int, Candidate] = {}
-
-    def feasible(i: int) -> bool:
-        if grid[i] not in seen:
-            seen[grid[i]] = evaluate(grid[i])
-        return seen[grid[i]].meets_limits
-
-    if not feasible(0):
-        return list(seen.values())
-    good, step = 0, 1
-    while good + step < len(grid) and feasible(good + step):
-        good += step
-        step *= 2
-    bad = min(good + step, len(grid))
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if feasible(mid):
-            good = mid
-        else:
-            bad = mid
-    return list(seen.values())
-
-
-def layouts(num_devices: int, tp_sizes: list[int] | None, is_moe: bool) -> list[tuple[int, int]]:
-    tps = tp_sizes or [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= num_devices and num_devices % t == 0]
-    out = [(tp, 1) for tp in tps]
-    if is_moe:
-        out += [(tp, tp) for tp in tps if tp > 1]
-    return out
-
-
-def optimize(args) -> dict:
-    spec = resolve_model(args.model)
-    hw = load_profile(args.device)
+def optimize(args, on_progress=None) -> dict:
+    spec, hw, options = resolve_model(args.model), load_profile(args.device), trace_options(args)
+    num_devices = _num_devices(args, hw)
     mix = load_hit_rate_distribution(args.prefix_cache_hit_rate_distribution) \
         if args.prefix_cache_hit_rate_distribution else None
-    # with a distribution, wave capacity follows the mean rate; each wave's time averages over the rates
     rate = sum(r * w for r, w in mix) if mix else args.prefix_cache_hit_rate
-    shapes = ServingShapes(args.input_length, args.output_length, rate, args.max_prefill_tokens,
-                           args.prefix_cache_block_size)
-    options = trace_options(args)
-    for tp in args.tp_sizes or []:
-        if args.num_devices % tp:
-            raise ValueError(f"--tp-sizes: {tp} does not divide --num-devices {args.num_devices}")
-    evaluator = Evaluator(spec, hw, shapes, options, args.execution, Limits(args.ttft_limit, args.tpot_limit),
-                          args.num_devices, args.engine, args.ep_style)
-    evaluator.hit_rate_mix = mix
-    is_moe = any(op.experts is not None for op in trace(spec, Request(1, 1, 1, decode=True), options).ops)
+    defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
+    budget = args.max_prefill_tokens or defaults.max_batched_tokens
+    shapes = ServingShapes(args.input_length, args.output_length, rate, budget, args.prefix_cache_block_size)
+    workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens)
+    limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat)
+    settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization)
+    searcher = Searcher(spec, hw, options, workload, settings, limits)
+    heads, experts = _model_facts(spec, options)
+    if args.ep_sizes and not experts:
+        raise InputError(f"--ep-sizes: {spec.name} has no routed experts")
+    if args.attention_dp == "on" and not experts:
+        raise InputError(f"--attention-dp on: {spec.name} has no routed experts to share across DP ranks")
+    space = LayoutSpace(tuple(args.tp_sizes) if args.tp_sizes else None,
+                        tuple(args.pp_sizes) if args.pp_sizes else None,
+                        tuple(args.ep_sizes) if args.ep_sizes else None, args.attention_dp, args.ep_style)
+    plan = layouts(num_devices, heads, experts, space)
+    refused = {}
+    for lay in plan:
+        why = layout_error(lay, hw)
+        if why is None and lay.tp > 1 and heads % lay.tp:
+            why = f"TP {lay.tp} does not divide the {heads} attention heads"
+        if why:
+            refused[lay.label] = why
+    plan = [lay for lay in plan if lay.label not in refused]
+    if not plan:
+        raise InputError("no layout to search: " + "; ".join(f"{k}: {v}" for k, v in refused.items())
+                         if refused else f"no layout of {num_devices} devices fits the given sizes")
+    load = _load(args)
     modes = [MIXED, DISAGG] if args.mode == "both" else [args.mode]
-    plan = [(mode, tp, ep) for mode in modes for tp, ep in layouts(args.num_devices, args.tp_sizes, is_moe)]
-    grid = batch_grid(*args.batch_range)
     candidates: list[Candidate] = []
-    for i, (mode, tp, ep) in enumerate(plan):
-        progress(i, len(plan), f"{mode} TP={tp}" + (f" EP={ep}" if ep > 1 else ""))
-        method = evaluator.mixed if mode == MIXED else evaluator.disagg
-        candidates += search_layout(lambda b, m=method, t=tp, e=ep: m(t, e, b), grid)
-    progress(len(plan), len(plan), "done")
-    feasible = sorted((c for c in candidates if c.meets_limits), key=lambda c: -c.throughput_tokens_per_s)
-    ranked = feasible + sorted((c for c in candidates if not c.meets_limits), key=lambda c: -c.throughput_tokens_per_s)
+    steps = [(m, lay) for m in modes for lay in plan if m == MIXED or (lay.pp == 1 and not lay.attention_dp)]
+    for i, (mode, lay) in enumerate(steps):
+        if on_progress:
+            on_progress(i, len(steps), f"{mode} {lay.label}")
+        if mode == MIXED:
+            candidates.append(searcher.best_rate(lay) if load.kind == MAX else searcher.mixed(lay, load))
+        else:
+            replica = lay.gpus_per_replica
+            for decode_tp in sorted({lay.tp} | {t.tp for t in plan if t.pp == 1 and not t.attention_dp}):
+                decode = type(lay)(decode_tp, 1, 1, lay.ep if lay.ep <= decode_tp else 1, False, lay.ep_style)
+                if replica + decode.gpus_per_replica > num_devices:
+                    continue
+                c = searcher.disagg(type(lay)(lay.tp, 1, 1, lay.ep, False, lay.ep_style), decode, num_devices)
+                if c is not None:
+                    if load.kind == RATE and c.request_rate < load.value:
+                        c.meets_limits = False
+                        c.why_not.append(f"offered {load.value:g} requests/s exceeds the pools' "
+                                         f"{c.request_rate:.3g}")
+                    candidates.append(c)
+    if on_progress:
+        on_progress(len(steps), len(steps), "done")
+    ranked = sorted(candidates, key=lambda c: (not c.meets_limits, -c.output_tokens_per_s))
+    feasible = [c for c in ranked if c.meets_limits]
+    if args.verify:
+        for c in [c for c in ranked if c.mode == MIXED][:args.verify]:
+            c.verified = simulate_candidate(searcher, c, load)
     result = {
-        "model": spec.name, "device": hw.name, "num_devices": args.num_devices, "mode": args.mode,
-        "execution": args.execution, "engine": args.engine if args.execution == "engine" else None,
+        "model": spec.name, "device": hw.name, "num_devices": num_devices,
+        "nodes": math.ceil(num_devices / hw.gpus_per_node), "mode": args.mode, "execution": args.execution,
+        "engine": args.engine if args.execution == "engine" else None,
+        "load": {"kind": load.kind, "value": load.value if load.kind != MAX else None,
+                 "arrival": load.arrival if load.kind == RATE else None},
         "input_length": shapes.input_length, "output_length": shapes.output_length,
         "prefix_cache_hit_rate": shapes.prefix_cache_hit_rate, "cached_prefix_tokens": shapes.cached_prefix_tokens,
-        "effective_input_length": shapes.effective_input_length, "max_prefill_tokens": shapes.max_prefill_tokens,
+        "effective_input_length": shapes.effective_input_length, "max_prefill_tokens": budget,
         "prefill_chunked": shapes.chunked, "prefix_cache_block_size": shapes.prefix_cache_block_size,
+        # RFC 4.3: requests one prefill wave holds under the token budget (not a batch size anyone configured)
+        "prefill_batch_size": shapes.prefill_batch_size,
         "hit_rate_distribution": [{"rate": r, "weight": w} for r, w in mix] if mix else None,
-        "limits": {"ttft_ms": args.ttft_limit, "tpot_ms": args.tpot_limit},
-        "best": feasible[0].as_json() if feasible else {},
-        "candidates": [c.as_json() for c in ranked[:args.top]],
-        "evaluated": len(candidates),
+        "limits": {"ttft_ms": args.ttft_limit, "tpot_ms": args.tpot_limit, "ttft_stat": args.limit_stat},
+        "best": _candidate_json(feasible[0], shapes) if feasible else {},
+        "candidates": [_candidate_json(c, shapes) for c in ranked[:args.top]],
+        "evaluated": len(candidates), "refused_layouts": refused,
     }
     if not feasible:
         reasons = sorted({w.split(" ")[0] for c in candidates for w in c.why_not})
@@ -252,80 +154,163 @@ def optimize(args) -> dict:
     return result
 
 
+def _candidate_json(c: Candidate, shapes: ServingShapes) -> dict:
+    out = c.as_json()
+    out["prefill_batch_size"] = shapes.prefill_batch_size
+    # how many requests the first prefill step actually takes: the wave capacity, or fewer when fewer run
+    out["first_wave_requests"] = max(1, min(shapes.prefill_batch_size, math.ceil(c.running) or 1))
+    return out
+
+
 def progress(done: int, total: int, label: str) -> None:
     if not sys.stderr.isatty():
         return
     width = 30
     filled = width * done // max(1, total)
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<24}", end="" if done < total else "\n",
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<28}", end="" if done < total else "\n",
           file=sys.stderr, flush=True)
 
 
+def _layout_text(c: dict) -> str:
+    def one(d: dict) -> str:
+        s = f"TP{d['tp_size']}"
+        if d["pp_size"] > 1:
+            s += f" PP{d['pp_size']}"
+        if d["ep_size"] > 1:
+            s += f" EP{d['ep_size']}"
+        return s
+    if c["mode"] == DISAGG:
+        return f"P{c['prefill']['instances']}x({one(c['prefill'])}) D{c['decode']['instances']}x({one(c['decode'])})"
+    return one(c) + (f" ADP{c['dp_size']}" if c["attention_dp"] else f" DP{c['dp_size']}")
+
+
 def render(r: dict) -> str:
-    head = (f"{r['model']} on {r['num_devices']} x {r['device']}, mode {r['mode']}: input {r['input_length']} "
-            f"(cached prefix {r['cached_prefix_tokens']}, effective {r['effective_input_length']}"
-            f"{', chunked' if r['prefill_chunked'] else ''}), output {r['output_length']}, "
-            f"max prefill tokens {r['max_prefill_tokens']}")
+    load = r["load"]
+    load_text = ("max throughput within the limits" if load["kind"] == MAX else
+                 f"{load['value']:g} requests/s ({load['arrival']})" if load["kind"] == RATE else
+                 f"{load['value']:g} concurrent users")
+    head = (f"{r['model']} on {r['num_devices']} x {r['device']} ({r['engine'] or r['execution']}), {load_text}: "
+            f"input {r['input_length']} (cached prefix {r['cached_prefix_tokens']}, effective "
+            f"{r['effective_input_length']}), output {r['output_length']}, prefill budget {r['max_prefill_tokens']}")
+    stat = r["limits"]["ttft_stat"]
+    verified = any("verified" in c for c in r["candidates"])
     rows = []
     for c in r["candidates"]:
-        split = f" P{c['prefill_instances']}:D{c['decode_instances']}" if c["mode"] == DISAGG else ""
-        rows.append([c["mode"] + split, c["tp_size"], c["ep_size"], c["dp_size"], c["batch_size"],
-                     c["prefill_batch_size"], f"{c['ttft_ms']:.1f}", f"{c['tpot_ms']:.2f}",
-                     f"{c['throughput_tokens_per_s']:,.0f}", f"{c['throughput_tokens_per_s_per_device']:,.0f}",
-                     f"{c['memory_gb']['total']:.1f}", "yes" if c["meets_limits"] else "; ".join(c["why_not"])])
-    table = format_table(["mode", "TP", "EP", "DP", "batch", "wave", "TTFT ms", "TPOT ms", "tokens/s",
-                          "tokens/s/dev", "mem GB", "meets limits"], rows)
+        row = [c["mode"], _layout_text(c), f"{c['batch_size']:.0f}", f"{c['request_rate']:.2f}",
+               f"{c['ttft_ms'][stat]:.1f}", f"{c['tpot_ms']:.2f}", f"{c['output_tokens_per_s']:,.0f}",
+               f"{c['output_tokens_per_s_per_gpu']:,.0f}", f"{c['tokens_per_s_per_user']:.1f}"]
+        if verified:
+            v = c.get("verified")
+            row += [f"{v['ttft_ms'][stat]:.1f}" if v else "-", f"{v['tpot_ms']:.2f}" if v else "-",
+                    f"{v['output_tokens_per_s']:,.0f}" if v else "-"]
+        row.append("yes" if c["meets_limits"] else "; ".join(c["why_not"]))
+        rows.append(row)
+    header = ["mode", "layout", "batch", "req/s", f"TTFT {stat} ms", "TPOT ms", "tokens/s", "tokens/s/GPU",
+              "tokens/s/user"]
+    if verified:
+        header += ["sim TTFT", "sim TPOT", "sim tokens/s"]
+    table = format_table(header + ["meets limits"], rows)
     if r["best"]:
         b = r["best"]
-        tail = (f"best: {b['mode']} TP={b['tp_size']} EP={b['ep_size']} DP={b['dp_size']} batch={b['batch_size']}: "
-                f"{b['throughput_tokens_per_s']:,.0f} output tokens/s ({b['throughput_tokens_per_s_per_device']:,.0f} "
-                f"per device), TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms")
+        tail = (f"best: {b['mode']} {_layout_text(b)}: {b['output_tokens_per_s']:,.0f} output tokens/s "
+                f"({b['output_tokens_per_s_per_gpu']:,.0f} per GPU) at {b['request_rate']:.2f} requests/s, "
+                f"TTFT {stat} {b['ttft_ms'][stat]:.1f} ms, TPOT {b['tpot_ms']:.2f} ms, "
+                f"{b['batch_size']:.0f} running")
     else:
         tail = f"no feasible layout: {r['why_no_feasible_layout']}"
-    return f"{head}\n\n{table}\n\n{tail}"
+    notes = sorted({n for c in r["candidates"][:1] for n in c["notes"]})
+    refused = [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
+    return "\n".join([head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
 
 
 def body(args) -> int:
-    result = optimize(args)
+    result = optimize(args, progress)
     print(json.dumps(result, indent=1) if args.json else render(result))
     return 0
 
 
-def tp_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     return [positive_int(x) for x in text.split(",") if x.strip()]
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"must be a number, got '{text}'") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise ValueError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def main(argv=None) -> int:
+    import argparse
+
+    def typed(fn):
+        def parse(text):
+            try:
+                return fn(text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        return parse
+
     p = ArgumentParser(prog="throughput-optimizer", description=__doc__.split("\n")[0])
     p.add_argument("model", help="bundled model name, folder or config.json path, or HF id in the local cache")
     add_device_arguments(p)
-    p.add_argument("--num-devices", type=positive_int, required=True)
+    p.add_argument("--num-devices", type=positive_int, default=None, help="GPUs to deploy on")
+    p.add_argument("--nodes", type=positive_int, default=None,
+                   help="nodes the GPUs span (the profile's gpus_per_node each); collectives across nodes are "
+                        "priced on its scale-out network")
     p.add_argument("--input-length", type=positive_int, required=True, help="prompt tokens per request")
     p.add_argument("--output-length", type=positive_int, required=True, help="generated tokens per request")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--request-rate", type=typed(_positive_float), default=None, metavar="R",
+                      help="open-loop load: R requests/s over the whole deployment")
+    load.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
+                      help="closed-loop load: C users, each sending its next request when answered")
+    p.add_argument("--arrival", default="poisson", choices=ARRIVALS, help="open-loop arrivals (default poisson)")
     p.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
                    help="fraction of input tokens found in the prefix cache, in [0, 1) (default 0.0)")
     p.add_argument("--prefix-cache-block-size", type=positive_int, default=1,
                    help="count cache hits in whole blocks of this many tokens (default 1: token granularity)")
     p.add_argument("--prefix-cache-hit-rate-distribution", default=None, metavar="FILE",
-                   help="per-request hit rates (JSON list or one per line) instead of one rate")
-    p.add_argument("--ttft-limit", type=float, default=None, metavar="MS")
-    p.add_argument("--tpot-limit", type=float, default=None, metavar="MS")
-    p.add_argument("--max-prefill-tokens", type=positive_int, default=8192,
-                   help="token budget of one prefill wave (default 8192)")
+                   help="per-request hit rates (JSON list or one per line); the search uses their mean")
+    p.add_argument("--ttft-limit", type=typed(_positive_float), default=None, metavar="MS",
+                   help="time-to-first-token limit in ms (applies to --limit-stat)")
+    p.add_argument("--tpot-limit", type=typed(_positive_float), default=None, metavar="MS",
+                   help="time-per-output-token limit in ms")
+    p.add_argument("--limit-stat", default="mean", choices=STATS,
+                   help="TTFT statistic the limit applies to (default mean)")
+    p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
+                   help="tokens per engine step (the chunked-prefill budget; default: the engine's)")
+    p.add_argument("--max-num-seqs", type=positive_int, default=None,
+                   help="requests running at once per replica (default: the engine's)")
+    p.add_argument("--gpu-memory-utilization", type=typed(_fraction), default=None,
+                   help="share of GPU memory the engine plans for (default: the engine's, 0.9 for vLLM)")
     p.add_argument("--mode", default=MIXED, choices=[MIXED, DISAGG, "both"],
-                   help="mixed: prefill and decode on the same instances (PD co-located); disagg: separate")
-    p.add_argument("--tp-sizes", type=tp_list, default=None, help="comma list (default: powers of 2 dividing N)")
-    p.add_argument("--batch-range", type=positive_int, nargs=2, default=[1, 1024], metavar=("MIN", "MAX"))
+                   help="mixed: prefill and decode on the same instances; disagg: separate prefill and decode "
+                        "pools, each with its own TP")
+    p.add_argument("--tp-sizes", type=typed(int_list), default=None, help="comma list (default: powers of 2)")
+    p.add_argument("--pp-sizes", type=typed(int_list), default=None, help="pipeline sizes to try (default 1)")
+    p.add_argument("--ep-sizes", type=typed(int_list), default=None,
+                   help="expert-parallel sizes to try, independent of TP (default 1 and TP)")
+    p.add_argument("--attention-dp", default="auto", choices=["auto", "on", "off"],
+                   help="attention data parallel with EP over all ranks (auto: try it for MoE models)")
+    p.add_argument("--verify", type=int, default=0, metavar="N",
+                   help="re-run the top N mixed candidates in the event simulator and show both")
     p.add_argument("--top", type=positive_int, default=10, help="candidates to show (default 10)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_model_arguments(p)
     args = p.parse_args(argv)
-    if args.batch_range[0] > args.batch_range[1]:
-        p.error("--batch-range MIN must be <= MAX")
-    for name in ("ttft_limit", "tpot_limit"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.verify < 0:
+        p.error("--verify must be >= 0")
     return run_main(body, args)
 
 

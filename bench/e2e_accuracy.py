@@ -1,0 +1,111 @@
+"""End-to-end serving accuracy against published serving runs (the development set).
+
+    python bench/e2e_accuracy.py [--data ../shared/measurements/e2e/published.jsonl] [--json] [--rows]
+        [--sample K] [--overheads fitted|defaults]
+
+Each row is mapped to a tracecost setup (serving/published.py: same model, GPU, engine, precision, KV dtype,
+layout, lengths and load) and predicted with the steady-state serving model: open-loop rows at their
+request rate over their number of requests, max-throughput rows as every request queued at once. The
+report gives, per source, GPU and model, the median, p90 and max absolute error and the signed median of
+TTFT, TPOT (mean ITL where the row reports that) and output tokens/s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cost.engines import ServingOverheads  # noqa: E402
+from serving.published import METRICS, Predictor, load_published  # noqa: E402
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e" / "published.jsonl"
+
+
+def errors(rows: list[tuple]) -> dict:
+    """rows: (run, predicted dict) -> {(group...): {metric: [signed relative errors]}}"""
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for run, pred in rows:
+        for m in METRICS:
+            if m in run.measured and m in pred:
+                e = pred[m] / run.measured[m] - 1
+                for key in (("all",), (run.source_kind,), (run.source_kind, run.device),
+                            (run.source_kind, run.device, run.model)):
+                    out[key][m].append(e)
+    return out
+
+
+def stats(values: list[float]) -> dict:
+    a = np.abs(values)
+    return {"n": len(values), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
+            "max": float(a.max()), "signed_median": float(np.median(values))}
+
+
+def table(errs: dict) -> str:
+    lines = ["| group | metric | rows | median | p90 | max | signed median |", "|---|---|---|---|---|---|---|"]
+    for key in sorted(errs, key=lambda k: (len(k) > 1, k)):
+        for m, v in errs[key].items():
+            s = stats(v)
+            lines.append(f"| {' / '.join(key)} | {m} | {s['n']} | {s['median']:.1%} | {s['p90']:.1%} | "
+                         f"{s['max']:.1%} | {s['signed_median']:+.1%} |")
+    return "\n".join(lines)
+
+
+def predict_all(runs, predictor: Predictor, overheads: ServingOverheads | None = None, progress: bool = True):
+    out, t0 = [], time.time()
+    for i, run in enumerate(runs):
+        pred, _ = predictor.predict(run, overheads)
+        out.append((run, pred))
+        if progress and sys.stderr.isatty():
+            print(f"\r{i + 1}/{len(runs)} rows, {time.time() - t0:.0f} s", end="", file=sys.stderr, flush=True)
+    if progress and sys.stderr.isatty():
+        print(file=sys.stderr)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="published.jsonl (default: the shared dev set)")
+    p.add_argument("--sample", type=int, default=0, help="every K-th row only (quick checks)")
+    p.add_argument("--overheads", default="fitted", choices=["fitted", "defaults"],
+                   help="engine overheads: the fitted ones (cost/engine_serving.json) or the unfitted defaults")
+    p.add_argument("--rows", action="store_true", help="also print every row's prediction")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    if not Path(args.data).is_file():
+        print(f"error: {args.data}: no such file (the development set lives in ../shared/measurements/e2e/)",
+              file=sys.stderr)
+        return 2
+    runs, skipped = load_published(args.data)
+    if args.sample > 1:
+        runs = runs[::args.sample]
+    t0 = time.time()
+    rows = predict_all(runs, Predictor(), ServingOverheads() if args.overheads == "defaults" else None)
+    errs = errors(rows)
+    if args.json:
+        print(json.dumps({"rows": len(rows), "skipped": skipped, "seconds": time.time() - t0,
+                          "groups": {" / ".join(k): {m: stats(v) for m, v in ms.items()} for k, ms in errs.items()},
+                          "predictions": [{"id": r.id, "measured": r.measured, "predicted": pr} for r, pr in rows]},
+                         indent=1))
+        return 0
+    print(f"{len(rows)} rows predicted in {time.time() - t0:.0f} s ({len(skipped)} skipped)\n")
+    print(table(errs))
+    if args.rows:
+        print("\n| id | model | gpu | tp | isl/osl | load | metric | predicted | measured | error |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r, pr in rows:
+            load = f"{r.load.value:g}/s" if r.load.kind == "rate" else f"{r.load.requests} at once"
+            for m, v in r.measured.items():
+                print(f"| {r.id} | {r.model} | {r.device} | {r.tp} | {r.isl}/{r.osl} | {load} | {m} | {pr[m]:.1f} | "
+                      f"{v:.1f} | {pr[m] / v - 1:+.1%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""The serving layout with the most throughput within latency limits, from the steady-state model.
+
+For each layout (serving/layouts.py) a replica's step costs come from StepCost and its KV capacity from the
+engine's memory budget (serving/capacity.py). At a given load the steady state (serving/steady_state.py)
+gives TTFT, TPOT and throughput. Without a load, the search finds the highest request rate whose latencies
+stay within the limits: the load a deployment is sized for.
+
+Disaggregated candidates split the GPUs into prefill instances (prompt-only steps, their TTFT a queue at the
+chunked-prefill budget, plus the KV transfer) and decode instances (decode-only steps at the batch the
+rate sustains), each pool with its own TP, and balance the two rates.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from cost.engines import ServingOverheads
+from cost.parallel import LayoutError
+from cost.profile import HardwareProfile
+from tracer.model_source import ModelSpec
+from tracer.trace import trace
+from tracer.work import Request, TraceOptions
+
+from .capacity import ReplicaMemory, replica_memory
+from .layouts import Layout
+from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
+from .step_cost import StepCost
+
+MIXED, DISAGG = "mixed", "disagg"
+STATS = ("mean", "p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class Workload:
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0        # prefix-cache hits per request (the RFC's cached_prefix_tokens)
+
+
+@dataclass(frozen=True)
+class LatencyLimits:
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    stat: str = "mean"            # which TTFT statistic the limit applies to
+
+    def why_not(self, ttft_ms: dict, tpot_ms: float) -> list[str]:
+        out = []
+        if self.ttft_ms is not None and ttft_ms[self.stat] > self.ttft_ms:
+            out.append(f"TTFT {self.stat} {ttft_ms[self.stat]:.1f} ms > {self.ttft_ms:g} ms")
+        if self.tpot_ms is not None and tpot_ms > self.tpot_ms:
+            out.append(f"TPOT {tpot_ms:.2f} ms > {self.tpot_ms:g} ms")
+        return out
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    engine: str = "vllm"
+    execution: str = "engine"
+    max_num_seqs: int | None = None          # None: the engine's default
+    max_batched_tokens: int | None = None
+    memory_fraction: float | None = None
+    overheads: ServingOverheads | None = None
+
+
+@dataclass
+class Candidate:
+    mode: str
+    layout: Layout
+    request_rate: float                # requests/s of the whole deployment
+    running: float                     # requests decoding per replica (mean)
+    ttft_ms: dict
+    tpot_ms: float
+    e2e_ms: dict
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    gpus: int
+    memory: ReplicaMemory | None
+    max_num_seqs: int
+    max_batched_tokens: int
+    kv_tokens: int
+    limited_by: str
+    meets_limits: bool
+    why_not: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    prefill: Layout | None = None      # disaggregated pools
+    prefill_instances: int = 0
+    decode_instances: int = 0
+    verified: dict | None = None       # the simulator's numbers for the same setup (--verify)
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.output_tokens_per_s / max(1, self.gpus)
+
+    @property
+    def tokens_per_s_per_user(self) -> float:
+        return 1000.0 / self.tpot_ms if self.tpot_ms > 0 else 0.0
+
+    def as_json(self) -> dict:
+        out = {"mode": self.mode, **self.layout.as_json(), "request_rate": self.request_rate,
+               "batch_size": self.running, "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2e_ms": self.e2e_ms,
+               "output_tokens_per_s": self.output_tokens_per_s, "total_tokens_per_s": self.total_tokens_per_s,
+               "output_tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+               "tokens_per_s_per_user": self.tokens_per_s_per_user, "gpus": self.gpus,
+               "max_num_seqs": self.max_num_seqs, "max_batched_tokens": self.max_batched_tokens,
+               "kv_tokens_per_replica": self.kv_tokens, "limited_by": self.limited_by,
+               "meets_limits": self.meets_limits, "why_not": self.why_not, "notes": self.notes}
+        if self.memory is not None:
+            m = self.memory
+            out["memory_gb_per_gpu"] = {"weights": m.weights / 1e9, "activations": m.activations / 1e9,
+                                        "reserve": m.reserve / 1e9, "kv_cache": m.kv_cache / 1e9}
+        if self.mode == DISAGG:
+            out["prefill"] = {**self.prefill.as_json(), "instances": self.prefill_instances}
+            out["decode"] = {**self.layout.as_json(), "instances": self.decode_instances}
+        if self.verified is not None:
+            out["verified"] = self.verified
+        return out
+
+
+def _ms(d: dict) -> dict:
+    return {k: v * 1e3 for k, v in d.items()}
+
+
+class Searcher:
+    """Prices layouts; each (layout, engine) has one StepCost, so every shape is traced and priced once."""
+
+    def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, workload: Workload,
+                 settings: EngineSettings, limits: LatencyLimits):
+        self.spec, self.hw, self.options, self.w, self.settings, self.limits = \
+            spec, hw, options, workload, settings, limits
+        self._costs: dict = {}
+        self._memory: dict = {}
+
+    # -- one replica -------------------------------------------------------------------------------------------
+    def cost(self, layout: Layout) -> StepCost:
+        par = layout.parallelism
+        if par not in self._costs:
+            self._costs[par] = StepCost(self.spec, self.hw, self.options, self.settings.execution, par,
+                                        self.settings.engine, self.settings.overheads)
+        return self._costs[par]
+
+    def engine_limits(self, layout: Layout) -> tuple[Limits, ReplicaMemory]:
+        cost = self.cost(layout)
+        d = cost.defaults
+        seqs = self.settings.max_num_seqs or d.max_num_seqs
+        budget = self.settings.max_batched_tokens or d.max_batched_tokens
+        key = (layout.parallelism, budget)
+        if key not in self._memory:
+            probe = trace(self.spec, Request(1, budget, 0), self.options)
+            self._memory[key] = replica_memory(probe, self.hw, d, cost.overheads.reserve_gb, layout.tp, layout.pp,
+                                               layout.ep, self.settings.memory_fraction)
+        mem = self._memory[key]
+        # pipeline stages run pp micro-batches in flight: pp virtual engines, each with its share of the cache
+        pp = layout.pp
+        return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill), mem
+
+    def replica_state(self, layout: Layout, load: Load) -> tuple[SteadyState, Limits, ReplicaMemory]:
+        """The steady state of one virtual engine (a replica, or one pipeline micro-batch stream of it)."""
+        limits, mem = self.engine_limits(layout)
+        cost = self.cost(layout)
+        engines = layout.dp * layout.pp
+        per_engine = load if load.kind == MAX else replace(load, value=load.value / engines,
+                                                           requests=math.ceil(load.requests / engines))
+        state = solve(cost.steady, self.w.input_tokens, self.w.output_tokens, self.w.cached_tokens, per_engine,
+                      limits, cost.overheads.request_ms * 1e-3)
+        return state, limits, mem
+
+    def mixed(self, layout: Layout, load: Load) -> Candidate:
+        cost = self.cost(layout)
+        state, limits, mem = self.replica_state(layout, load)
+        engines = layout.dp * layout.pp
+        ttft, tpot = _ms(state.ttft_s), state.tpot_s * 1e3
+        why = self.limits.why_not(ttft, tpot)
+        if mem.kv_tokens < self.w.input_tokens + self.w.output_tokens:
+            why.insert(0, f"memory: {mem.kv_tokens} KV tokens per replica cannot hold one request "
+                          f"({mem.weights / 1e9:.1f} GB of weights per GPU)")
+        if not state.stable:
+            why.append(state.note)
+        notes = [f"step overheads: {cost.overhead_origin}"]
+        if layout.pp > 1:
+            notes.append(f"pipeline: {layout.pp} micro-batches in flight, stages of ceil(layers / {layout.pp}) "
+                         f"layers (x{cost.stage_factor:.3f} for imbalance)")
+        return Candidate(MIXED, layout, state.request_rate * engines, state.running * layout.pp, ttft, tpot,
+                         _ms(state.e2e_s), state.output_tokens_per_s * engines, state.total_tokens_per_s * engines,
+                         layout.gpus, mem, limits.max_num_seqs * layout.pp, limits.max_batched_tokens,
+                         mem.kv_tokens, state.limited_by, not why, why, notes)
+
+    def best_rate(self, layout: Layout) -> Candidate:
+        """The highest request rate this layout serves within the limits (the saturation rate without limits)."""
+        saturated = self.mixed(layout, Load(RATE, 1e9))
+        top = saturated.request_rate
+        if top <= 0 or saturated.why_not and saturated.why_not[0].startswith("memory"):
+            return saturated
+        best = None
+        lo, hi = 0.0, top * 0.999
+        at_top = self.mixed(layout, Load(RATE, hi))
+        if at_top.meets_limits:
+            return at_top
+        for _ in range(24):
+            mid = (lo + hi) / 2
+            c = self.mixed(layout, Load(RATE, mid))
+            if c.meets_limits:
+                best, lo = c, mid
+            else:
+                hi = mid
+            if hi - lo <= 0.005 * hi:
+                break
+        if best is None:      # not even a trickle of load meets the limits
+            return self.mixed(layout, Load(RATE, max(top * 1e-3, 1e-6)))
+        return best
+
+    # -- disaggregated pools -----------------------------------------------------------------------------------
+    def prefill_capacity(self, layout: Layout, ttft_budget_ms: float | None) -> tuple[float, SteadyState]:
+        """Requests/s one prefill instance sustains with its TTFT (queue + prefill + transfer) in budget."""
+        cost = self.cost(layout)
+        limits, _ = self.engine_limits(layout)
+
+        def at(rate: float) -> SteadyState:
+            return solve(cost.steady, self.w.input_tokens, 1, self.w.cached_tokens, Load(RATE, rate), limits,
+                         cost.overheads.request_ms * 1e-3)
+
+        top = at(1e9).request_rate * 0.999
+        if ttft_budget_ms is None:
+            return top, at(top)
+        lo, hi, best = 0.0, top, None
+        for _ in range(24):
+            mid = (lo + hi) / 2
+            s = at(mid)
+            if s.stable and s.ttft_s[self.limits.stat] * 1e3 <= ttft_budget_ms:
+                lo, best = mid, s
+            else:
+                hi = mid
+        return lo, best if best is not None else at(max(top * 1e-3, 1e-6))
+
+    def decode_capacity(self, layout: Layout) -> tuple[float, float, float]:
+        """(requests/s, running, TPOT s) of one decode instance at the largest batch within the TPOT limit."""
+        cost = self.cost(layout)
+        limits, _ = self.engine_limits(layout)
+        ctx = self.w.input_tokens + self.w.output_tokens // 2
+        admit = max(1, min(limits.max_num_seqs, limits.kv_tokens // (self.w.input_tokens + self.w.output_tokens)))
+        best = (0.0, 0.0, cost.steady(1, 0, 1, 0, ctx))
+        n = 1
+        while n <= admit:
+            s = cost.steady(n, 0, 1, 0, ctx)
+            if self.limits.tpot_ms is not None and s * 1e3 > self.limits.tpot_ms:
+                break
+            best = (n / (max(1, self.w.output_tokens - 1) * s), n, s)
+            n = n * 2 if n * 2 <= admit or n == admit else admit
+        return best
+
+    def disagg(self, prefill: Layout, decode: Layout, num_gpus: int) -> Candidate | None:
+        kv_per_token = trace(self.spec, Request(1, 1, 1, decode=True), self.options).kv_bytes_per_token
+        transfer_s = kv_per_token * self.w.input_tokens / (self.hw.interconnect_bandwidth_gbps * 1e9)
+        ttft_budget = None if self.limits.ttft_ms is None else self.limits.ttft_ms - transfer_s * 1e3
+        if ttft_budget is not None and ttft_budget <= 0:
+            return None
+        rate_p, state_p = self.prefill_capacity(prefill, ttft_budget)
+        rate_d, running, tpot_s = self.decode_capacity(decode)
+        if rate_p <= 0 or rate_d <= 0:
+            return None
+        best = None
+        for p in range(1, num_gpus // prefill.gpus_per_replica + 1):
+            d = (num_gpus - p * prefill.gpus_per_replica) // decode.gpus_per_replica
+            if d < 1:
+                break
+            rate = min(p * rate_p, d * rate_d)
+            if best is None or rate > best[0]:
+                best = (rate, p, d)
+        if best is None:
+            return None
+        rate, p, d = best
+        # the prefill pool at the balanced rate: its queue is shorter than at capacity
+        cost_p = self.cost(prefill)
+        limits_p, mem_p = self.engine_limits(prefill)
+        at = solve(cost_p.steady, self.w.input_tokens, 1, self.w.cached_tokens, Load(RATE, rate / p), limits_p,
+                   cost_p.overheads.request_ms * 1e-3)
+        ttft = {k: (v + transfer_s) * 1e3 for k, v in at.ttft_s.items()}
+        tpot = tpot_s * 1e3
+        o = self.w.output_tokens
+        gpus = p * prefill.gpus_per_replica + d * decode.gpus_per_replica
+        why = self.limits.why_not(ttft, tpot)
+        _, mem_d = self.engine_limits(decode)
+        decode_layout = replace(decode, dp=d)
+        return Candidate(DISAGG, decode_layout, rate, running * rate / (d * rate_d), ttft, tpot,
+                         {k: v + (o - 1) * tpot for k, v in ttft.items()}, rate * o,
+                         rate * (self.w.input_tokens + o), gpus, mem_d,
+                         self.engine_limits(decode)[0].max_num_seqs, limits_p.max_batched_tokens,
+                         mem_d.kv_tokens, "balanced pools", not why, why,
+                         [f"KV transfer {transfer_s * 1e3:.2f} ms per request over {self.hw.interconnect_name}",
+                          "decode instances ignore the prefix cache; prefill instances use it"],
+                         replace(prefill, dp=p), p, d)
+
+
+def layout_error(layout: Layout, hw: HardwareProfile) -> str | None:
+    try:
+        from cost.parallel import nodes_spanned
+        nodes_spanned(layout.gpus_per_replica if not layout.attention_dp else layout.gpus, hw)
+    except LayoutError as e:
+        return str(e)
+    return None
+
+
+__all__ = ["CONCURRENCY", "Candidate", "DISAGG", "EngineSettings", "LatencyLimits", "MAX", "MIXED", "RATE",
+           "STATS", "Searcher", "Workload", "layout_error"]

@@ -1,0 +1,134 @@
+"""The steady-state serving model, the layout search and its agreement with the event simulator."""
+import json
+import math
+
+import pytest
+
+from cli.inference.throughput_optimizer import main
+from cost.estimate import Parallelism, estimate
+from cost.parallel import LayoutError, nodes_spanned
+from cost.profile import load_profile, parse_profile
+from serving.layouts import Layout, LayoutSpace, layouts
+from serving.search import EngineSettings, LatencyLimits, Searcher, Workload
+from serving.steady_state import CONCURRENCY, MAX, RATE, Limits, Load, solve
+from serving.verify import simulate_candidate
+from tracer import TraceOptions, resolve_model
+from tracer.trace import trace
+from tracer.work import Request
+
+
+def fake_step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context):
+    """10 ms + 0.1 ms per decoding request + 2 us per prompt token."""
+    return 0.010 + 1e-4 * decoding + 2e-6 * prefill_tokens
+
+
+def test_steady_state_is_littles_law_at_its_fixed_point():
+    limits = Limits(max_num_seqs=256, max_batched_tokens=2048, kv_tokens=10**7)
+    s = solve(fake_step, 500, 101, 0, Load(RATE, 4.0, "constant"), limits)
+    assert s.stable
+    # n = R (O - 1) s and p = R I s at s = step(n, p)
+    n, p = 4.0 * 100 * s.step_s, 4.0 * 500 * s.step_s
+    assert s.running == pytest.approx(n, rel=1e-4)
+    assert s.step_s == pytest.approx(fake_step(n, p, 500, 0, 0), rel=1e-4)
+    assert s.tpot_s == s.step_s and s.output_tokens_per_s == pytest.approx(4.0 * 101)
+    # evenly spaced arrivals never queue: TTFT = half a step under way + its own prefill step, which also
+    # carries the prompts that arrived during the step before (4 / s x s of them)
+    own = fake_step(n, 500 * (1 + 4.0 * s.step_s), 500, 0, 0)
+    assert s.ttft_s["mean"] == pytest.approx(s.step_s / 2 + own, rel=1e-6)
+    poisson = solve(fake_step, 500, 101, 0, Load(RATE, 4.0), limits)
+    assert poisson.ttft_s["mean"] > s.ttft_s["mean"] and poisson.ttft_s["p99"] > poisson.ttft_s["p50"]
+
+
+def test_overload_is_refused_or_walked_and_burst_drains():
+    limits = Limits(max_num_seqs=32, max_batched_tokens=2048, kv_tokens=10**7)
+    over = solve(fake_step, 500, 101, 0, Load(RATE, 1000.0), limits)
+    assert not over.stable and "exceeds" in over.note and over.running <= 33
+    finite = solve(fake_step, 500, 101, 0, Load(RATE, 1000.0, requests=200), limits)
+    assert finite.ttft_s["mean"] > over.step_s * 10        # a queue that grew while requests arrived
+    burst = solve(fake_step, 500, 101, 0, Load(MAX, requests=64), limits)
+    # 64 requests, 32 at a time, 4 prompts per 2048-token step: the last first token after 16+ steps
+    assert burst.ttft_s["p99"] > burst.ttft_s["p50"] > 0
+    closed = solve(fake_step, 500, 101, 0, Load(CONCURRENCY, 8), limits)
+    assert closed.request_rate == pytest.approx(8 / closed.e2e_s["mean"], rel=0.02)
+
+
+def searcher(hit_rate=0.0, limits=LatencyLimits(), model="llama-3.2-1b", device="h100", options=TraceOptions()):
+    cached = math.floor(1000 * hit_rate)
+    return Searcher(resolve_model(model), load_profile(device), options, Workload(1000, 128, cached),
+                    EngineSettings(), limits)
+
+
+def test_prefix_hits_shorten_prefill_not_decode():
+    cold, warm = searcher(0.0), searcher(0.5)
+    lay, load = Layout(1), Load(RATE, 20.0)
+    a, b = cold.mixed(lay, load), warm.mixed(lay, load)
+    assert b.ttft_ms["mean"] < a.ttft_ms["mean"]
+    assert b.tpot_ms <= a.tpot_ms
+    # decode-only steps are the same step whatever the hit rate (RFC 4.3: decode keeps the original lengths)
+    assert cold.decode_capacity(lay) == warm.decode_capacity(lay)
+    assert warm.prefill_capacity(lay, None)[0] > 1.5 * cold.prefill_capacity(lay, None)[0]
+
+
+def test_best_rate_is_the_edge_of_the_limits():
+    s = searcher(limits=LatencyLimits(ttft_ms=200, tpot_ms=20))
+    best = s.best_rate(Layout(1))
+    assert best.meets_limits
+    beyond = s.mixed(Layout(1), Load(RATE, best.request_rate * 1.05))
+    assert not beyond.meets_limits
+
+
+def test_layouts_cover_pp_ep_and_attention_dp():
+    dense = layouts(8, 32, 0, LayoutSpace(pp_sizes=(1, 2)))
+    assert Layout(8, 1, 1) in dense and Layout(4, 2, 1) in dense and Layout(1, 1, 8) in dense
+    assert all(lay.ep == 1 and not lay.attention_dp for lay in dense)
+    moe = layouts(8, 64, 256, LayoutSpace(ep_sizes=(1, 4, 8)))
+    assert any(lay.tp == 8 and lay.ep == 4 for lay in moe)               # EP independent of TP
+    adp = [lay for lay in moe if lay.attention_dp]
+    assert Layout(1, 1, 8, 8, True) in adp and all(lay.ep == lay.tp * lay.dp for lay in adp)
+    with pytest.raises(ValueError):
+        Parallelism(1, 4, attention_dp=8)
+
+
+def test_attention_dp_moe_takes_every_rank_tokens():
+    hw = load_profile("h200")
+    t = trace(resolve_model("qwen3-30b-a3b"), Request(16, 1, 1024, decode=True), TraceOptions())
+    alone = estimate(t, hw, par=Parallelism(1, 1))
+    adp = estimate(t, hw, par=Parallelism(1, 8, "dispatch", attention_dp=8))
+    moe = [k for k in adp.kernels if k.kernel.moe is not None][0].kernel.moe
+    # 8 ranks x 16 tokens x top-8 routed pairs spread over EP 8: 128 pairs per rank
+    assert moe.tokens == 16 * 8 and moe.ep == 8
+    assert adp.breakdown_s["communication"] > 0 and alone.breakdown_s["communication"] == 0
+
+
+def test_cross_node_collectives_use_the_scale_out_network():
+    hw = load_profile("h100")
+    t = trace(resolve_model("llama-3.1-8b"), Request(1, 1024, 0), TraceOptions())
+    one_node = estimate(t, hw, par=Parallelism(8)).breakdown_s["communication"]
+    two_nodes = estimate(t, hw, par=Parallelism(16)).breakdown_s["communication"]
+    assert two_nodes > 1.3 * one_node     # each GPU ships its 1/8 shard over its own 400 Gb/s NIC
+    assert nodes_spanned(16, hw) == 2
+    data = json.loads(open(hw.path).read())
+    del data["scale_out"]
+    bare = parse_profile(data, "h100", "no-scale-out")
+    with pytest.raises(LayoutError):
+        nodes_spanned(16, bare)
+
+
+def test_optimizer_agrees_with_the_simulator():
+    """The steady-state answer and an event simulation of the same setup, load and engine limits."""
+    s = searcher(limits=LatencyLimits(ttft_ms=300, tpot_ms=15))
+    best = s.best_rate(Layout(1))
+    sim = simulate_candidate(s, best, Load(MAX))
+    assert sim["ttft_ms"]["mean"] == pytest.approx(best.ttft_ms["mean"], rel=0.15)
+    assert sim["tpot_ms"] == pytest.approx(best.tpot_ms, rel=0.15)
+    assert sim["output_tokens_per_s"] == pytest.approx(best.output_tokens_per_s, rel=0.15)
+
+
+def test_cli_searches_moe_layouts_and_verifies(capsys):
+    assert main(["qwen3-30b-a3b", "--device", "h200", "--num-devices", "4", "--input-length", "512",
+                 "--output-length", "64", "--tpot-limit", "40", "--ep-sizes", "1,4", "--pp-sizes", "1,2",
+                 "--verify", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    shapes = {(c["tp_size"], c["pp_size"], c["ep_size"], c["attention_dp"]) for c in out["candidates"]}
+    assert any(adp for *_, adp in shapes) and any(pp == 2 for _, pp, _, _ in shapes)
+    assert "verified" in out["candidates"][0] or out["candidates"][0]["mode"] == "disagg"
