@@ -84,6 +84,12 @@ class HardwareProfile:
     engines_data: dict = field(default_factory=dict, compare=False, repr=False)   # the raw `engines` section
 
     @property
+    def memory_bytes(self) -> float:
+        """Device memory in bytes. Datasheet capacities ("80 GB", "141 GB") are binary: an H100 80GB reports
+        81,559 MiB and an H200 143,771 MiB in nvidia-smi, so a datasheet GB is taken as GiB."""
+        return self.memory_capacity_gb * 2**30
+
+    @property
     def l2_bytes(self) -> float:
         return self.l2_cache_mb * 1e6
 

@@ -69,7 +69,7 @@ def replica_memory(probe: Trace, hw: HardwareProfile, defaults: ServingDefaults,
     """`probe`: a trace of the engine's largest step (max_batched_tokens tokens), for its activations.
     Under attention data parallelism `tp` is the attention TP of one DP rank, `ep` the whole MoE group."""
     fraction = defaults.memory_fraction if memory_fraction is None else memory_fraction
-    capacity = hw.memory_capacity_gb * GB
+    capacity = hw.memory_bytes
     weights = weight_bytes_per_gpu(probe, tp, ep, pp)
     activations = peak_activation_bytes(probe, tp)
     reserve = reserve_gb * GB

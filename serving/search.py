@@ -35,6 +35,7 @@ class Workload:
     input_tokens: int
     output_tokens: int
     cached_tokens: int = 0        # prefix-cache hits per request (the RFC's cached_prefix_tokens)
+    shared_prefix_kv: bool = False   # the hits are one shared prefix, stored once in the KV cache
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class Searcher:
         per_engine = load if load.kind == MAX else replace(load, value=load.value / engines,
                                                            requests=math.ceil(load.requests / engines))
         state = solve(cost.steady, self.w.input_tokens, self.w.output_tokens, self.w.cached_tokens, per_engine,
-                      limits, cost.overheads.request_ms * 1e-3)
+                      limits, cost.overheads.request_ms * 1e-3, self.w.shared_prefix_kv)
         return state, limits, mem
 
     def mixed(self, layout: Layout, load: Load) -> Candidate:
@@ -247,7 +248,10 @@ class Searcher:
             n = n * 2 if n * 2 <= admit or n == admit else admit
         return best
 
-    def disagg(self, prefill: Layout, decode: Layout, num_gpus: int) -> Candidate | None:
+    def disagg(self, prefill: Layout, decode: Layout, num_gpus: int, offered: float | None = None) \
+            -> Candidate | None:
+        """The best split of `num_gpus` into prefill and decode instances; at an `offered` rate the pools serve
+        that rate when they can (their capacity otherwise)."""
         kv_per_token = trace(self.spec, Request(1, 1, 1, decode=True), self.options).kv_bytes_per_token
         transfer_s = kv_per_token * self.w.input_tokens / (self.hw.interconnect_bandwidth_gbps * 1e9)
         ttft_budget = None if self.limits.ttft_ms is None else self.limits.ttft_ms - transfer_s * 1e3
@@ -268,6 +272,19 @@ class Searcher:
         if best is None:
             return None
         rate, p, d = best
+        if offered is not None and offered < rate:
+            rate = offered
+            # decode instances below capacity run smaller batches: n = r (O - 1) s(n) at their share r
+            ctx = self.w.input_tokens + self.w.output_tokens // 2
+            share, cost_d, n = rate / d, self.cost(decode), 1.0
+            for _ in range(60):
+                tpot_s = cost_d.steady(max(n, 1.0), 0, 1, 0, ctx)
+                n_new = share * max(1, self.w.output_tokens - 1) * tpot_s
+                if abs(n_new - n) <= 1e-6 * max(n, 1.0):
+                    break
+                n = 0.5 * (n + n_new)
+            running = n
+            rate_d = rate / d
         # the prefill pool at the balanced rate: its queue is shorter than at capacity
         cost_p = self.cost(prefill)
         limits_p, mem_p = self.engine_limits(prefill)
@@ -280,7 +297,7 @@ class Searcher:
         why = self.limits.why_not(ttft, tpot)
         _, mem_d = self.engine_limits(decode)
         decode_layout = replace(decode, dp=d)
-        return Candidate(DISAGG, decode_layout, rate, running * rate / (d * rate_d), ttft, tpot,
+        return Candidate(DISAGG, decode_layout, rate, running, ttft, tpot,
                          {k: v + (o - 1) * tpot for k, v in ttft.items()}, rate * o,
                          rate * (self.w.input_tokens + o), gpus, mem_d,
                          self.engine_limits(decode)[0].max_num_seqs, limits_p.max_batched_tokens,

@@ -87,14 +87,16 @@ def _waiting_quantiles(mean: float, busy: float) -> dict:
 
 
 def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load: Load, limits: Limits,
-          request_overhead_s: float = 0.0) -> SteadyState:
+          request_overhead_s: float = 0.0, shared_prefix_kv: bool = False) -> SteadyState:
     """`step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context)`: seconds of one engine step
-    (serving/step_cost.py StepCost.steady)."""
+    (serving/step_cost.py StepCost.steady). `shared_prefix_kv`: the cached prefix is one prefix every request
+    shares, held once in the KV cache rather than once per request (the RFC's default counts it per request)."""
     prompt = max(1, input_tokens - cached_tokens)
     o = max(1, output_tokens)
     ctx_decode = input_tokens + o // 2
-    kv_per_request = input_tokens + o
-    admit = max(1, min(limits.max_num_seqs, limits.kv_tokens // kv_per_request))
+    shared = cached_tokens if shared_prefix_kv else 0
+    kv_per_request = input_tokens + o - shared
+    admit = max(1, min(limits.max_num_seqs, max(0, limits.kv_tokens - shared) // kv_per_request))
     budget = limits.max_batched_tokens
     # prompts are prefilled in chunks of up to the budget, each over the cached prefix and earlier chunks
     chunk = min(prompt, budget) if limits.chunked_prefill else prompt
@@ -118,7 +120,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             f = min(1.0, p / room)
             return f * step(n, room) + (1 - f) * step(n, 0)
         lam = p / prompt
-        if not lumpy:
+        if not lumpy or lam > 16:     # many prompts per step: their count varies little relative to its mean
             k = math.floor(lam)
             frac = lam - k
             return (1 - frac) * step(n, min(room, k * prompt)) + frac * step(n, min(room, (k + 1) * prompt))
@@ -140,7 +142,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             # past the admission and budget limits the load is infeasible anyway: never price absurd shapes
             n = min(rate * (o - 1) * s, 2.0 * admit + 2)
             p = min(rate * prompt * s, 2.0 * budget)
-            s_new = mean_step(n, p)
+            # the steps a decoding request sees hold it too: at a light load a step of one, not of a fraction
+            s_new = mean_step(max(n, 1.0), p)
             if abs(s_new - s) <= 1e-6 * s:
                 break
             s = 0.5 * (s + s_new)
@@ -183,7 +186,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         lo, hi = 0.0, 1.0
         while feasible(hi)[0] and hi < 1e7:
             lo, hi = hi, hi * 2
-        for _ in range(40):
+        while hi - lo > 1e-4 * hi:
             mid = (lo + hi) / 2
             if feasible(mid)[0]:
                 lo = mid
@@ -240,6 +243,15 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     steady = result(top, True, limited)
     if not load.requests:
         return steady
+    if load.requests > 6 * admit:
+        # many waves: the steady state at saturation, plus the first wave's ramp and the last one's drain
+        makespan = load.requests / top + steady.e2e_s["mean"]
+        rate = load.requests / makespan
+        ttft = {k: v + load.requests / top / 2 for k, v in steady.ttft_s.items()}
+        return SteadyState(True, rate, steady.running, steady.step_s, ttft, steady.tpot_s,
+                           {k: v + (o - 1) * steady.tpot_s for k, v in ttft.items()}, rate * o,
+                           rate * (input_tokens + o), limited,
+                           f"{load.requests} requests queued at once (steady state over the waves)")
     # a finite burst queued at once: its first tokens come as fast as prefill drains the queue, which
     # is not the steady state's pace (decodes have not filled the batch yet): walk the burst step by step
     walk = _walk(step, [0.0] * load.requests, prompt, o, admit, budget, limits.chunked_prefill,
@@ -271,8 +283,8 @@ def _walk(step, arrivals: list[float], prompt: int, output: int, admit: int, bud
     t = arrivals[0]
     waiting: deque = deque()       # arrival times, not yet admitted
     prefilling: deque = deque()    # [arrival, prompt tokens left]
-    decoding: deque = deque()      # [requests, decode steps left, first-token time], in first-token order
-    n_decoding, done, nxt = 0, 0, 0
+    decoding: deque = deque()      # (requests, step index of their last token, first-token time), in order
+    n_decoding, done, nxt, steps = 0, 0, 0, 0
     waits: list[float] = []
     tpot_sum = 0.0
     while done < n:
@@ -300,16 +312,15 @@ def _walk(step, arrivals: list[float], prompt: int, output: int, admit: int, bud
         for _ in finished:
             prefilling.popleft()
         t += step(n_decoding, prefill)
-        for group in decoding:
-            group[1] -= 1
-        while decoding and decoding[0][1] <= 0:
+        steps += 1
+        while decoding and decoding[0][1] <= steps:
             count, _, first = decoding.popleft()
             n_decoding -= count
             done += count
             tpot_sum += count * (t - first) / (output - 1)
         waits += [t - a for a in finished]
         if output > 1 and finished:
-            decoding.append([len(finished), output - 1, t])
+            decoding.append((len(finished), steps + output - 1, t))
             n_decoding += len(finished)
         else:
             done += len(finished)

@@ -47,6 +47,7 @@ class StepCost:
         self._linear: dict = {}
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
         self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
+        self._sampled: dict = {}     # rows -> sampling seconds
         self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
 
     def _parts(self, request: Request) -> tuple[float, float]:
@@ -82,24 +83,36 @@ class StepCost:
             self._linear[tokens] = t
         return t
 
-    def _per_token_prefill(self, tokens_bucket: int, context_bucket: int) -> float:
-        key = (tokens_bucket, context_bucket)
+    def _per_token_prefill(self, tokens_bucket: int, context_bucket: int, seqs_bucket: int = 1) -> float:
+        key = (tokens_bucket, context_bucket, seqs_bucket)
         per_token = self._prefill.get(key)
         if per_token is None:
-            per_token = self._prefill[key] = self._parts(Request(1, tokens_bucket, context_bucket))[1] / tokens_bucket
+            per_token = self._prefill[key] = \
+                self._parts(Request(seqs_bucket, tokens_bucket, context_bucket))[1] / (tokens_bucket * seqs_bucket)
         return per_token
 
-    def prefill_attention(self, tokens: int, context: int) -> float:
-        """Attention of a `tokens`-token chunk over `context` earlier tokens: per-token cost interpolated
-        linearly in the context between power-of-two shapes."""
+    def prefill_attention(self, tokens: int, context: float, sequences: float = 1.0) -> float:
+        """Attention of `sequences` chunks of `tokens` tokens over `context` earlier tokens each, in one call
+        (engines batch a step's prompts into one varlen kernel, so its fixed cost is paid once): the per-token
+        cost interpolated linearly in the context and in the sequence count between power-of-two shapes."""
         tb = _pow2_at_least(max(1, round(tokens)))
-        if context <= 0:
-            return self._per_token_prefill(tb, 0) * tokens
-        hi = _pow2_at_least(int(math.ceil(context)))
-        lo = hi // 2 if hi > 1 else 0
-        t_hi = self._per_token_prefill(tb, hi)
-        t_lo = self._per_token_prefill(tb, lo)
-        return (t_lo + (t_hi - t_lo) * (context - lo) / (hi - lo)) * tokens
+        k = max(1.0, sequences)
+        k_hi = _pow2_at_least(math.ceil(k))
+        k_lo = max(1, k_hi // 2)
+
+        def at_context(kb: int) -> float:
+            if context <= 0:
+                return self._per_token_prefill(tb, 0, kb)
+            hi = _pow2_at_least(int(math.ceil(context)))
+            lo = hi // 2 if hi > 1 else 0
+            t_hi, t_lo = self._per_token_prefill(tb, hi, kb), self._per_token_prefill(tb, lo, kb)
+            return t_lo + (t_hi - t_lo) * (context - lo) / (hi - lo)
+
+        per_token = at_context(k_hi)
+        if k_hi != k_lo and k < k_hi:
+            low = at_context(k_lo)
+            per_token = low + (per_token - low) * (k - k_lo) / (k_hi - k_lo)
+        return per_token * tokens * sequences
 
     def decode_attention(self, batch: int, context: int) -> float:
         """Decode attention per sequence, interpolated linearly in the context between power-of-two shapes."""
@@ -123,14 +136,22 @@ class StepCost:
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)
-        for t, c in chunks:
-            tokens += t
-            attention += self.prefill_attention(t, c)
+        if chunks:     # one batched prefill call, at the chunks' mean length and context
+            chunk_tokens = sum(t for t, _ in chunks)
+            tokens += chunk_tokens
+            attention += self.prefill_attention(chunk_tokens / len(chunks), sum(c for _, c in chunks) / len(chunks),
+                                                len(chunks))
         kernels = self.linear(tokens) + attention
         if self.par.pp > 1:
             kernels = kernels * self.stage_factor + self.par.pp * self.stage_send_s(tokens)
         return kernels + self.beyond_kernels(decode_batch + len(chunks), tokens, kernels,
                                              decode_only=not chunks)
+
+    def _sampling(self, rows: int) -> float:
+        t = self._sampled.get(rows)
+        if t is None:
+            t = self._sampled[rows] = sampling_seconds(rows, self.vocab, self.hw, self.engine)
+        return t
 
     @property
     def stage_factor(self) -> float:
@@ -151,7 +172,7 @@ class StepCost:
         o = self.overheads
         gpus = self.par.tp * self.par.pp * self.par.attention_dp
         extra = (o.step_us + o.seq_us * sequences + o.gpu_sync_us * (gpus - 1)) * 1e-6
-        extra += sampling_seconds(sequences, self.vocab, self.hw, self.engine)
+        extra += _lerp(self._sampling, sequences)
         if decode_only and sequences > self.defaults.graph_max_batch:
             launches = self._launches.get(_pow2_at_least(max(1, tokens)))
             if launches is None:
@@ -169,7 +190,7 @@ class StepCost:
         tokens = decoding + prefill_tokens
         attention = _lerp(lambda b: self.decode_attention(b, round(decode_context)), decoding) if decoding else 0.0
         if prefill_tokens > 0:
-            attention += prefill_tokens * self.prefill_attention(chunk_tokens, chunk_context) / chunk_tokens
+            attention += self.prefill_attention(chunk_tokens, chunk_context, prefill_tokens / chunk_tokens)
         kernels = _lerp(self.linear, tokens) + attention
         if self.par.pp > 1:
             kernels = kernels * self.stage_factor + self.par.pp * self.stage_send_s(tokens)

@@ -125,8 +125,8 @@ def test_optimizer_agrees_with_the_simulator():
 
 
 def test_cli_searches_moe_layouts_and_verifies(capsys):
-    assert main(["qwen3-30b-a3b", "--device", "h200", "--num-devices", "4", "--input-length", "512",
-                 "--output-length", "64", "--tpot-limit", "40", "--ep-sizes", "1,4", "--pp-sizes", "1,2",
+    assert main(["qwen3-30b-a3b", "--device", "h200", "--num-devices", "2", "--input-length", "256",
+                 "--output-length", "32", "--request-rate", "2", "--ep-sizes", "1,2", "--pp-sizes", "1,2",
                  "--verify", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     shapes = {(c["tp_size"], c["pp_size"], c["ep_size"], c["attention_dp"]) for c in out["candidates"]}

@@ -48,7 +48,7 @@ def run_json(capsys, *args):
 def test_cli_json(capsys):
     out = run_json(capsys, "llama-3.2-1b", "--device", "h100", "--num-devices", "2", "--input-length", "200",
                    "--output-length", "64", "--prefix-cache-hit-rate", "0.5", "--mode", "both",
-                   "--max-prefill-tokens", "1000")
+                   "--max-prefill-tokens", "1000", "--request-rate", "20")
     assert (out["effective_input_length"], out["cached_prefix_tokens"], out["mode"]) == (100, 100, "both")
     # RFC 4.3: the wave capacity under the token budget, top level and per candidate
     assert out["prefill_batch_size"] == 10
@@ -100,7 +100,8 @@ def test_invalid_shapes_raise():
 
 def test_cli_subprocess():
     r = subprocess.run([sys.executable, "-m", "cli.inference.throughput_optimizer", "llama-3.2-1b", "--device", "h200",
-                        "--num-devices", "2", "--input-length", "512", "--output-length", "64", "--ttft-limit", "500"],
+                        "--num-devices", "2", "--input-length", "512", "--output-length", "64", "--ttft-limit", "500",
+                        "--tp-sizes", "1"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "best:" in r.stdout and "tokens/s" in r.stdout
@@ -121,3 +122,18 @@ def test_block_granular_hits_and_hit_rate_distribution(tmp_path, capsys):
     assert warm["best"]["ttft_ms"]["mean"] < dist["best"]["ttft_ms"]["mean"] < cold["best"]["ttft_ms"]["mean"]
     rates.write_text("0.5\n1.2\n")
     assert main([*base, "--prefix-cache-hit-rate-distribution", str(rates)]) == 2
+
+
+def test_pareto_and_launch_command(capsys):
+    out = run_json(capsys, "llama-3.2-1b", "--device", "h100", "--num-devices", "1", "--input-length", "512",
+                   "--output-length", "64", "--tpot-limit", "20", "--prefix-cache-hit-rate", "0.5", "--emit", "vllm")
+    # one frontier per hit rate: the requested one and no hits, for the gain prefix caching buys
+    assert set(out["pareto"]) == {"0.5", "0"}
+    for points in out["pareto"].values():
+        speeds = [p["tokens_per_s_per_user"] for p in points]
+        rates = [p["tokens_per_s_per_gpu"] for p in points]
+        assert speeds == sorted(speeds) and rates == sorted(rates, reverse=True)   # a frontier trades one for the other
+    best = out["best"]
+    cmd = out["launch_command"]
+    assert "vllm serve meta-llama/Llama-3.2-1B" in cmd and "--enable-prefix-caching" in cmd
+    assert f"--tensor-parallel-size {best['tp_size']}" in cmd and f"--max-num-seqs {best['max_num_seqs']}" in cmd

@@ -17,7 +17,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from cost.profile import load_profile
-from cost.engines import ENGINES
+from cost.engines import ENGINES, serving_overheads
+from serving.capacity import replica_memory
 from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
@@ -31,9 +32,8 @@ from tracer.work import Request
 from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, model_spec, positive_int, run_main,
                       trace_options, warn)
 from ..progress import Progress
-from .memory import kv_heads, peak_activation_bytes
+from .memory import kv_heads
 
-MEMORY_UTILIZATION = 0.9
 
 
 def server_config(args, spec, hw, options) -> ServerConfig:
@@ -43,8 +43,10 @@ def server_config(args, spec, hw, options) -> ServerConfig:
                          f"cache to simulate")
     block_bytes = args.block_size * probe.kv_bytes_per_token / max(1, min(args.tp_size, kv_heads(probe)))
     if args.gpu_cache_gb == "auto":
-        free = (hw.memory_capacity_gb * 1e9 * MEMORY_UTILIZATION - probe.weight_bytes / args.tp_size
-                - peak_activation_bytes(probe, args.tp_size))
+        # what the engine's memory budget leaves for the KV cache (serving/capacity.py), as the optimizer uses
+        defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
+        reserve = serving_overheads(args.engine)[0].reserve_gb if args.execution == "engine" else 0.0
+        free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size).kv_cache
         if free <= 0:
             raise ValueError(f"{spec.name} does not fit on {hw.name} with TP={args.tp_size}: no room for a KV cache")
         gpu_gb = free / 1e9

@@ -3,7 +3,8 @@
     python -m cli.inference.throughput_optimizer MODEL --device DEVICE --num-devices N --input-length I
         --output-length O [--request-rate R | --concurrency C] [--ttft-limit MS] [--tpot-limit MS]
         [--prefix-cache-hit-rate H] [--mode mixed|disagg|both] [--tp-sizes ..] [--pp-sizes ..] [--ep-sizes ..]
-        [--attention-dp auto|on|off] [--nodes K] [--verify N] [--json]
+        [--attention-dp auto|on|off] [--nodes K] [--verify N] [--plot FILE.png] [--emit vllm|sglang|trtllm]
+        [--json]
 
 Each layout is priced as the engine runs it: step costs from the fitted kernels plus the engine's overheads,
 the KV cache its memory budget leaves, and the steady state of its continuous-batching scheduler at the
@@ -25,15 +26,20 @@ from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candid
 from serving.steady_state import Load
 from serving.verify import simulate_candidate
 from serving.workload import ARRIVALS
-from tracer.model_source import resolve_model
+from tracer.model_source import bundled_models
 from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, positive_int, run_main,
-                      trace_options, warn)
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, model_spec, positive_int,
+                      run_main, trace_options, warn)
+from ..progress import Progress
 from .config import InputError
+from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
+from .pareto import ParetoPoint, by_hit_rate, frontier, plot
 from .shapes import ServingShapes, load_hit_rate_distribution
+
+SWEEP = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85)   # shares of a layout's best rate drawn on the Pareto plot
 
 
 def _model_facts(spec, options) -> tuple[int, int]:
@@ -68,7 +74,7 @@ def _num_devices(args, hw) -> int:
 
 
 def optimize(args, on_progress=None) -> dict:
-    spec, hw, options = resolve_model(args.model), load_profile(args.device), trace_options(args)
+    spec, hw, options = model_spec(args), load_profile(args.device), trace_options(args)
     num_devices = _num_devices(args, hw)
     mix = load_hit_rate_distribution(args.prefix_cache_hit_rate_distribution) \
         if args.prefix_cache_hit_rate_distribution else None
@@ -76,7 +82,8 @@ def optimize(args, on_progress=None) -> dict:
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     budget = args.max_prefill_tokens or defaults.max_batched_tokens
     shapes = ServingShapes(args.input_length, args.output_length, rate, budget, args.prefix_cache_block_size)
-    workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens)
+    workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens,
+                        args.shared_prefix_kv)
     limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat)
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization)
     searcher = Searcher(spec, hw, options, workload, settings, limits)
@@ -115,7 +122,8 @@ def optimize(args, on_progress=None) -> dict:
                 decode = type(lay)(decode_tp, 1, 1, lay.ep if lay.ep <= decode_tp else 1, False, lay.ep_style)
                 if replica + decode.gpus_per_replica > num_devices:
                     continue
-                c = searcher.disagg(type(lay)(lay.tp, 1, 1, lay.ep, False, lay.ep_style), decode, num_devices)
+                c = searcher.disagg(type(lay)(lay.tp, 1, 1, lay.ep, False, lay.ep_style), decode, num_devices,
+                                    load.value if load.kind == RATE else None)
                 if c is not None:
                     if load.kind == RATE and c.request_rate < load.value:
                         c.meets_limits = False
@@ -128,7 +136,10 @@ def optimize(args, on_progress=None) -> dict:
     feasible = [c for c in ranked if c.meets_limits]
     if args.verify:
         for c in [c for c in ranked if c.mode == MIXED][:args.verify]:
+            if on_progress:
+                on_progress(len(steps), len(steps), f"simulating {c.layout.label}")
             c.verified = simulate_candidate(searcher, c, load)
+    points = pareto_points(searcher, candidates, load, shapes, settings, limits, spec, hw, options)
     result = {
         "model": spec.name, "device": hw.name, "num_devices": num_devices,
         "nodes": math.ceil(num_devices / hw.gpus_per_node), "mode": args.mode, "execution": args.execution,
@@ -137,6 +148,7 @@ def optimize(args, on_progress=None) -> dict:
                  "arrival": load.arrival if load.kind == RATE else None},
         "input_length": shapes.input_length, "output_length": shapes.output_length,
         "prefix_cache_hit_rate": shapes.prefix_cache_hit_rate, "cached_prefix_tokens": shapes.cached_prefix_tokens,
+        "shared_prefix_kv": args.shared_prefix_kv,
         "effective_input_length": shapes.effective_input_length, "max_prefill_tokens": budget,
         "prefill_chunked": shapes.chunked, "prefix_cache_block_size": shapes.prefix_cache_block_size,
         # RFC 4.3: requests one prefill wave holds under the token budget (not a batch size anyone configured)
@@ -146,12 +158,66 @@ def optimize(args, on_progress=None) -> dict:
         "best": _candidate_json(feasible[0], shapes) if feasible else {},
         "candidates": [_candidate_json(c, shapes) for c in ranked[:args.top]],
         "evaluated": len(candidates), "refused_layouts": refused,
+        "pareto": {("none" if rate is None else f"{rate:g}"): [p.as_json() for p in frontier(group)]
+                   for rate, group in by_hit_rate(points).items()},
     }
+    if args.plot:
+        plot(points, args.plot, args.ttft_limit, args.tpot_limit,
+             f"{spec.name} on {num_devices} x {hw.name}, input {shapes.input_length}, output {shapes.output_length}")
+    if args.emit and feasible:
+        result["launch_command"] = launch_command(serving_layout(args, feasible[0], experts, hw), args.emit)
     if not feasible:
         reasons = sorted({w.split(" ")[0] for c in candidates for w in c.why_not})
         result["why_no_feasible_layout"] = (f"every layout fails on: {', '.join(reasons)}" if reasons
                                             else "no layout evaluated")
     return result
+
+
+def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, shapes: ServingShapes, settings,
+                  limits, spec, hw, options) -> list[ParetoPoint]:
+    """Every candidate, plus (when searching for the best rate) each mixed layout at lower loads, where users
+    get faster tokens for less throughput per GPU; with a hit rate, the same layouts without prefix hits."""
+    def point(c: Candidate, rate: float | None) -> ParetoPoint:
+        return ParetoPoint(f"{c.mode} {c.layout.label}", c.mode, c.tokens_per_s_per_gpu, c.ttft_ms[limits.stat],
+                           c.tpot_ms, c.meets_limits, rate)
+    rate = shapes.prefix_cache_hit_rate if shapes.prefix_cache_hit_rate > 0 else None
+    points = [point(c, rate) for c in candidates if c.tpot_ms > 0]
+    if load.kind != MAX:
+        return points
+    mixed = [c for c in candidates if c.mode == MIXED and c.meets_limits]
+    for c in mixed:
+        points += [point(searcher.mixed(c.layout, Load(RATE, c.request_rate * f)), rate) for f in SWEEP]
+    if rate is not None:
+        cold = Searcher(spec, hw, options, Workload(shapes.input_length, shapes.output_length, 0), settings, limits)
+        for c in mixed:
+            best = cold.best_rate(c.layout)
+            points += [point(best, 0.0)] + [point(cold.mixed(c.layout, Load(RATE, best.request_rate * f)), 0.0)
+                                            for f in SWEEP]
+    return points
+
+
+def serving_layout(args, c: Candidate, experts: int, hw) -> ServingLayout:
+    """The candidate as launch flags: sizes per replica, the engine's limits the search assumed."""
+    lay = c.layout
+    if lay.ep > 1 and lay.ep not in (lay.tp, lay.tp * lay.dp):
+        warn(f"EP {lay.ep} with TP {lay.tp} has no launch flag in these engines; the command uses EP = TP")
+    ep = lay.ep if lay.ep in (lay.tp, lay.tp * lay.dp) else (lay.tp if lay.ep > 1 else 0)
+    fraction = args.gpu_memory_utilization or ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb,
+                                                                                    hw.name).memory_fraction
+    disagg = None
+    if c.mode == DISAGG:
+        pre = c.prefill
+        disagg = Disaggregation(Role(c.prefill_instances, pre.tp, pre.ep if pre.ep == pre.tp else 0),
+                                Role(c.decode_instances, lay.tp, lay.ep if lay.ep == lay.tp else 0))
+    bundled = bundled_models().get(args.model.lower())
+    model_id = bundled.hf_id if bundled is not None else args.model
+    return ServingLayout(model_id, lay.tp, lay.pp, lay.dp if c.mode == MIXED else 1, ep, c.max_num_seqs,
+                         c.max_batched_tokens, args.prefix_cache_hit_rate > 0 or
+                         bool(args.prefix_cache_hit_rate_distribution), fraction,
+                         "fp8" if args.kv_cache_dtype == "fp8" else "auto", experts > 0, disagg,
+                         trust_remote_code=args.trust_remote_code, revision=args.revision,
+                         device_memory_gb=hw.memory_capacity_gb,
+                         weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None)
 
 
 def _candidate_json(c: Candidate, shapes: ServingShapes) -> dict:
@@ -160,15 +226,6 @@ def _candidate_json(c: Candidate, shapes: ServingShapes) -> dict:
     # how many requests the first prefill step actually takes: the wave capacity, or fewer when fewer run
     out["first_wave_requests"] = max(1, min(shapes.prefill_batch_size, math.ceil(c.running) or 1))
     return out
-
-
-def progress(done: int, total: int, label: str) -> None:
-    if not sys.stderr.isatty():
-        return
-    width = 30
-    filled = width * done // max(1, total)
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<28}", end="" if done < total else "\n",
-          file=sys.stderr, flush=True)
 
 
 def _layout_text(c: dict) -> str:
@@ -224,8 +281,17 @@ def render(r: dict) -> str:
 
 
 def body(args) -> int:
-    result = optimize(args, progress)
-    print(json.dumps(result, indent=1) if args.json else render(result))
+    with Progress(None, "layouts") as bar:
+        def on_progress(done: int, total: int, label: str) -> None:
+            bar.describe(label)
+            bar.set(done, total)
+        result = optimize(args, on_progress)
+    if args.json:
+        print(json.dumps(result, indent=1, allow_nan=False))
+    else:
+        print(render(result))
+        if "launch_command" in result:
+            print(f"\n{result['launch_command']}", end="")
     return 0
 
 
@@ -280,6 +346,9 @@ def main(argv=None) -> int:
                    help="fraction of input tokens found in the prefix cache, in [0, 1) (default 0.0)")
     p.add_argument("--prefix-cache-block-size", type=positive_int, default=1,
                    help="count cache hits in whole blocks of this many tokens (default 1: token granularity)")
+    p.add_argument("--shared-prefix-kv", action="store_true",
+                   help="the cached prefix is one prefix all requests share, stored once in the KV cache (more "
+                        "requests fit); default: the RFC's accounting, every request holds its whole input")
     p.add_argument("--prefix-cache-hit-rate-distribution", default=None, metavar="FILE",
                    help="per-request hit rates (JSON list or one per line); the search uses their mean")
     p.add_argument("--ttft-limit", type=typed(_positive_float), default=None, metavar="MS",
@@ -305,6 +374,10 @@ def main(argv=None) -> int:
                    help="attention data parallel with EP over all ranks (auto: try it for MoE models)")
     p.add_argument("--verify", type=int, default=0, metavar="N",
                    help="re-run the top N mixed candidates in the event simulator and show both")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw tokens/s/GPU against tokens/s/user, the Pareto frontier marked (needs matplotlib)")
+    p.add_argument("--emit", default=None, choices=list(LAUNCHERS),
+                   help="print the best layout as this engine's launch command")
     p.add_argument("--top", type=positive_int, default=10, help="candidates to show (default 10)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_model_arguments(p)
