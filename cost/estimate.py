@@ -15,6 +15,7 @@ from .engine_pricing import price_engine_kernel
 from .parallel import (all_reduce_seconds, cross_node_all_reduce_seconds,
                        group_all_to_all_seconds)
 from .profile import HardwareProfile
+from .recurrent import state_time
 
 COMMUNICATION = "communication"
 BREAKDOWN_CLASSES = (GEMM, ATTENTION, COMMUNICATION, OTHER)
@@ -90,6 +91,8 @@ def price_kernel(k: Kernel, hw: HardwareProfile) -> KernelTime:
         return experts_time(k.flops, k.bytes, op.experts, op.dtype, hw)
     if op is not None and op.attention is not None:
         return attention_time(k.flops, k.bytes, op.attention, op.dtype, hw, masked=k.masked)
+    if op is not None and op.state is not None:  # SSM / linear-attention cores and short convolutions
+        return state_time(k.flops, k.bytes, op.state, op.dtype, hw)
     if k.op_class == GEMM:
         return gemm_time(k.flops, k.bytes, k.gemm, k.dtype, hw)
     return stream_time(k.flops, k.bytes, k.dtype, hw, broadcast=k.broadcast)
@@ -200,6 +203,9 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         comm = _engine_communication(trace, par, hw, engine, notes)
         notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
         notes += [f"{ENGINES[engine].label} kernels: {s}" for s in cal.inherited]
+        if any(k.op is not None and k.op.state is not None for k in kernels):
+            notes.append("recurrent mixer kernels (SSM scans, linear attention, short convolutions): roofline "
+                         "estimate (cost/recurrent.py), no fitted engine kernel model")
     breakdown = {c: 0.0 for c in BREAKDOWN_CLASSES}
     bound = {COMPUTE: 0.0, MEMORY: 0.0, OVERHEAD: 0.0}
     for pk in priced:
@@ -229,6 +235,8 @@ _PRICE_CACHE: dict = {}
 def _cached_engine_price(k: Kernel, hw: HardwareProfile, cal, weight_dtype: str, kv_bytes: float) -> KernelTime:
     """Engine kernels of equal shape cost the same; layouts and steps repeat shapes, so price each once."""
     op = k.op
+    if op is not None and op.state is not None:  # no engine kernel model for recurrent mixers: the roofline
+        return state_time(k.flops, k.bytes, op.state, op.dtype, hw)
     shape = (k.gemm, k.moe, op.attention if op is not None else None, k.op_class, k.bytes if k.gemm is None else 0)
     key = (hw.path or hw.key, id(cal), weight_dtype, kv_bytes, shape)
     if key not in _PRICE_CACHE:

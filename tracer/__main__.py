@@ -34,6 +34,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="allow fetching and running a model's own remote code")
     p.add_argument("--revision", default=None,
                    help="Hugging Face Hub ids: branch, tag or commit of config.json (default: main)")
+    p.add_argument("--image-tokens", type=int, default=0, metavar="N",
+                   help="vision-language models: N image tokens per sequence, counted as prefill input through the "
+                        "language model, plus the vision encoder's work for them where it can be run (default 0)")
 
 
 def model_spec(args) -> ModelSpec:
@@ -44,13 +47,15 @@ def model_spec(args) -> ModelSpec:
 def trace_options(args) -> TraceOptions:
     if not 1.0 <= args.moe_imbalance <= 1e3:   # also NaN
         raise ValueError(f"--moe-imbalance must be in [1, 1000], got {args.moe_imbalance}")
+    if getattr(args, "image_tokens", 0) < 0:
+        raise ValueError("--image-tokens must be >= 0")
     mla_form = args.mla_form
     if mla_form == "auto":  # eager execution means HF's own code path
         mla_form = "hf" if getattr(args, "execution", "engine") == "eager" else "absorbed"
     args.mla_form = mla_form
     return TraceOptions(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, mla_form=mla_form,
                         moe_imbalance=args.moe_imbalance, trust_remote_code=args.trust_remote_code,
-                        dedup_layers=not getattr(args, "no_dedup", False))
+                        dedup_layers=not getattr(args, "no_dedup", False), image_tokens=getattr(args, "image_tokens", 0))
 
 
 def trace_summary(t: Trace) -> dict:
@@ -63,7 +68,8 @@ def trace_summary(t: Trace) -> dict:
         "bytes": t.bytes, "bytes_by_class": t.bytes_by_class(),
         "num_ops": t.num_ops, "trace_seconds": round(t.trace_seconds, 4),
         "kv_cache_bytes_per_token": t.kv_bytes_per_token, "weight_bytes": t.weight_bytes,
-        "unformulated_ops": t.unformulated, "notes": t.notes,
+        "unformulated_ops": t.unformulated, "notes": t.notes, "checks": t.checks,
+        "state_bytes_per_sequence": t.state_bytes_per_sequence, "image_tokens": t.image_tokens,
     }
 
 
@@ -94,9 +100,7 @@ def render(t: Trace) -> str:
     return f"{head}\n\n{classes}\n\n{modules}{notes}"
 
 
-def crosscheck_table(t: Trace, config: dict, mla_form: str) -> str:
-    from .formulas import model_flops
-    formula = model_flops(config, t.request, mla_form)
+def crosscheck_table(t: Trace, formula: dict) -> str:
     traced = t.flops_by_class()
     rows = [[c, human(traced[c], "FLOP"), human(formula[c], "FLOP"), f"{(traced[c] / formula[c] - 1) * 100:+.3f}%"]
             for c in formula]
@@ -143,22 +147,27 @@ def main(argv=None) -> int:
     except (ValueError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    try:
-        if args.json:
-            out = trace_summary(t)
-            if args.crosscheck:
-                from .formulas import model_flops
-                out["formula_flops_by_class"] = model_flops(spec.config, request, args.mla_form)
-            print(dumps_strict(out, indent=1))
-        else:
-            print(render(t))
-            if args.crosscheck:
-                print()
-                print(crosscheck_table(t, spec.config, args.mla_form))
-    except KeyError as e:
-        print(f"error: no hand-written formula for model type '{spec.config.get('model_type')}' (missing {e})",
-              file=sys.stderr)
-        return 1
+    formula, no_formula = None, None
+    if args.crosscheck:
+        from .formulas import NoFormula, full_config, model_flops
+        try:
+            formula = model_flops(full_config(spec), request, args.mla_form)
+        except NoFormula as e:
+            no_formula = str(e)
+    if args.json:
+        out = trace_summary(t)
+        if formula is not None:
+            out["formula_flops_by_class"] = formula
+        if no_formula is not None:
+            out["formula"] = no_formula
+        print(dumps_strict(out, indent=1))
+    else:
+        print(render(t))
+        if formula is not None:
+            print()
+            print(crosscheck_table(t, formula))
+        if no_formula is not None:
+            print(f"\ncross-check: {no_formula}")
     return 0
 
 

@@ -16,6 +16,18 @@ if TYPE_CHECKING:  # the work formulas above the recording hook need no torch: t
 IMPLEMENTATION_NAME = "tracecost"
 
 
+def chunked_pairs(query_length: int, context_length: int, chunk: int) -> int:
+    """Pairs when a query at position p sees only the keys of its chunk: p - floor(p / chunk) * chunk + 1 each."""
+    total = 0
+    p, end = context_length, context_length + query_length
+    while p < end:
+        chunk_end = min(end, (p // chunk + 1) * chunk)
+        first, last = p % chunk + 1, (chunk_end - 1) % chunk + 1
+        total += (first + last) * (chunk_end - p) // 2
+        p = chunk_end
+    return total
+
+
 def causal_pairs(query_length: int, context_length: int, window: int | None = None) -> int:
     """Query-key pairs executed for one sequence: sum over queries i of min(C + i + 1, window)."""
     first, last = context_length + 1, context_length + query_length  # keys seen by the first and last query
@@ -35,12 +47,20 @@ def keys_read(query_length: int, context_length: int, window: int | None = None)
 
 def attention_work(batch: int, heads: int, kv_heads: int, qk_head_dim: int, v_head_dim: int, query_length: int,
                    context_length: int, window: int | None = None, kv_shares_storage: bool = False,
-                   has_sinks: bool = False) -> AttentionWork:
+                   has_sinks: bool = False, causal: bool = True, chunk: int | None = None) -> AttentionWork:
+    if not causal:
+        pairs, keys = query_length * (context_length + query_length), context_length + query_length
+        window = chunk = None
+    elif chunk:
+        pairs = chunked_pairs(query_length, context_length, chunk)
+        keys = context_length + query_length - (context_length // chunk) * chunk
+        window = None
+    else:
+        pairs, keys = causal_pairs(query_length, context_length, window), keys_read(query_length, context_length, window)
     return AttentionWork(batch=batch, heads=heads, kv_heads=kv_heads, qk_head_dim=qk_head_dim,
                          v_head_dim=v_head_dim, query_length=query_length, context_length=context_length,
-                         window=window, pairs_per_sequence=causal_pairs(query_length, context_length, window),
-                         kv_tokens_read=keys_read(query_length, context_length, window),
-                         kv_shares_storage=kv_shares_storage, has_sinks=has_sinks)
+                         window=window, pairs_per_sequence=pairs, kv_tokens_read=keys,
+                         kv_shares_storage=kv_shares_storage, has_sinks=has_sinks, causal=causal, chunk=chunk)
 
 
 def attention_flops(w: AttentionWork) -> float:
@@ -59,7 +79,8 @@ def attention_bytes(w: AttentionWork, act_bytes: int, kv_bytes: int) -> tuple[fl
 
 
 def record_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int | None,
-                     sinks: torch.Tensor | None = None, kv_shares_storage: bool = False) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, kv_shares_storage: bool = False, causal: bool = True,
+                     chunk: int | None = None) -> torch.Tensor:
     """Record attention over [B, H, Q, D] queries and [B, Hkv, C+Q, D] keys; return [B, Q, H, Dv]."""
     batch, heads, q_len, qk_dim = query.shape
     kv_heads, kv_len, v_dim = key.shape[1], key.shape[2], value.shape[-1]
@@ -67,21 +88,46 @@ def record_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     out = query.new_empty(batch, q_len, heads, v_dim)
     rec = active_recorder()
     if rec is not None:
-        if window is not None and window <= 0:
+        if window is not None and (not isinstance(window, int) or window <= 0):
             window = None
-        work = attention_work(batch, heads, kv_heads, qk_dim, v_dim, q_len, kv_len - q_len, window,
-                              kv_shares_storage, sinks is not None)
+        work = attention_work(batch, heads, kv_heads, qk_dim, v_dim, q_len, max(0, kv_len - q_len), window,
+                              kv_shares_storage, sinks is not None, causal, chunk)
         read, written = attention_bytes(work, query.element_size(), rec.kv_element_size)
         rec.record("tracecost.attention", ATTENTION, MATRIX, attention_flops(work), [query, key, value], [out],
                    bytes_read=read, bytes_written=written, attention=work)
     return out
 
 
-def tracecost_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                        sliding_window=None, s_aux=None, **kwargs):
+def module_window(module) -> int | None:
+    """Keys a query attends to: the sliding window, GPT-Neo's local window, or DeepSeek sparse attention's top-k
+    (a query attends to the k keys its indexer selects: the same pairs as a window of k)."""
+    config = getattr(module, "config", None)
+    if (hasattr(module, "indexer") or hasattr(module, "skip_topk")) and getattr(config, "index_topk", None):
+        return config.index_topk
+    window = getattr(module, "sliding_window", None)
+    if window is None and getattr(module, "attention_type", None) == "local":  # GPT-Neo's local layers
+        window = getattr(getattr(module, "config", None), "window_size", None)
+    return window if isinstance(window, int) and window > 0 else None
+
+
+def module_chunk(module) -> int | None:
+    """Chunked local attention (Llama-4's RoPE layers): the chunk size, where this attention module uses one."""
+    config = getattr(module, "config", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    if not chunk or not getattr(module, "use_rope", False):
+        return None
+    return chunk
+
+
+def tracecost_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
+                        sliding_window=None, s_aux=None, sinks=None, **kwargs):
     """AttentionInterface implementation: the exact work of a fused (flash) attention kernel."""
     window = sliding_window if sliding_window is not None else kwargs.get("window_size")
-    return record_attention(query, key, value, window, sinks=s_aux), None
+    if window is None:
+        window = module_window(module)
+    causal = getattr(module, "is_causal", True) is not False
+    return record_attention(query, key, value, window, sinks=s_aux if s_aux is not None else sinks,
+                            causal=causal, chunk=module_chunk(module) if causal else None), None
 
 
 def register() -> None:

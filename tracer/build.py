@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from . import attention, compat, experts, mla  # noqa: F401
+from . import attention, compat, experts, mla, patches  # noqa: F401
+from .layers import DecoderLayers, install
 from .model_source import ModelError, ModelSpec
+
+IMPLEMENTATION = attention.IMPLEMENTATION_NAME
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -19,117 +23,181 @@ class BuiltModel:
     model: torch.nn.Module
     config: object
     num_layers: int
-    layer_groups: list[list[int]]  # each group: indices of identical decoder layers, first is traced
+    layers: DecoderLayers            # the decoder layer list, its groups of identical layers and the replay switch
     params: int
     active_params: int
     mla_modules: int
+    attn_implementation: str = IMPLEMENTATION
+    multimodal: bool = False         # built as *ForConditionalGeneration: the text backbone is what runs
+    dedup_verdict: str | None = None  # set by the dedup self-test: None (not run), "ok" or why dedup is off
+    warmed: set[str] = field(default_factory=set)  # layer modes an untimed first forward has run in
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def layer_groups(self) -> list[list[int]]:
+        return self.layers.traced_groups()
+
+
+def _expert_tensors(module: torch.nn.Module) -> bool:
+    down = getattr(module, "down_proj", None)
+    return isinstance(down, torch.Tensor) and down.dim() == 3
 
 
 def active_params(model: torch.nn.Module, config) -> int:
     """Parameters one token touches: routed experts count only for the k of E a token is sent to."""
-    top_k = getattr(config, "num_experts_per_tok", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    top_k = getattr(text, "num_experts_per_tok", None) or getattr(text, "moe_top_k", None)
     inactive = 0
     for module in model.modules():
-        if hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and module.down_proj.dim() == 3 and top_k:
+        if top_k and _expert_tensors(module):
             n_exp = module.down_proj.shape[0]
             expert_params = sum(p.numel() for p in module.parameters(recurse=False))
             inactive += expert_params * (n_exp - min(top_k, n_exp)) // n_exp
     return sum(p.numel() for p in model.parameters()) - inactive
 
 
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
-    for name in ("model.layers", "model.language_model.layers", "transformer.h", "model.decoder.layers"):
-        obj = model
-        for part in name.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if isinstance(obj, torch.nn.ModuleList):
-            return obj
-    return None
-
-
-def _layer_signature(layer: torch.nn.Module, layer_type: str | None) -> tuple:
-    params = tuple((n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters())
-    modules = tuple(type(m).__name__ for m in layer.modules())
-    window = getattr(getattr(layer, "self_attn", None), "sliding_window", None)
-    return (type(layer).__name__, layer_type, window, params, modules)
-
-
-def group_layers(layers: torch.nn.ModuleList, config) -> list[list[int]]:
-    layer_types = getattr(config, "layer_types", None) or [None] * len(layers)
-    groups: OrderedDict[tuple, list[int]] = OrderedDict()
-    for i, layer in enumerate(layers):
-        groups.setdefault(_layer_signature(layer, layer_types[i] if i < len(layer_types) else None), []).append(i)
-    return list(groups.values())
-
-
-def _skip_layer(hidden_states, *args, **kwargs):
-    return hidden_states
-
-
 def make_config(spec: ModelSpec, trust_remote_code: bool):
-    from transformers import AutoConfig, CONFIG_MAPPING
-    fields = {k: v for k, v in spec.config.items() if not k.startswith("_")}
-    model_type = fields.pop("model_type")
+    """The config object, built from the dict the way transformers loads a config.json (`from_dict`)."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+    fields = dict(spec.config)
+    model_type = fields.get("model_type")
     if model_type not in CONFIG_MAPPING:
         if "auto_map" in fields and not trust_remote_code:
             raise ModelError(f"model type '{model_type}' needs its own remote code; rerun with --trust-remote-code "
                              f"if you trust {spec.origin}")
         if not trust_remote_code:
-            raise ModelError(f"model type '{model_type}' is not supported by transformers {compat.transformers_version()}")
+            raise ModelError(f"unsupported: model type '{model_type}' is not in transformers "
+                             f"{compat.transformers_version()}")
         if spec.folder is None:
             raise ModelError(f"{spec.name}: remote code needs the model's folder, not just its config")
         try:
             return AutoConfig.from_pretrained(spec.folder, trust_remote_code=True)
         except Exception as e:  # noqa: BLE001 - the remote code is the user's; report it in one line
             raise ModelError(f"cannot load remote config code from {spec.folder}: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+                             f"{_first_line(e)}") from None
     try:
-        return AutoConfig.for_model(model_type, **fields)
+        return CONFIG_MAPPING[model_type].from_dict(fields)
     except Exception as e:  # noqa: BLE001 - any config error is a user-facing model error
-        raise ModelError(f"invalid config for model type '{model_type}': {str(e).splitlines()[0]}") from None
+        raise ModelError(f"invalid config for model type '{model_type}': {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def model_class(config, trust_remote_code: bool):
+    """(auto class, multimodal): a causal-LM class, else the image-text-to-text class whose language model we trace."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    model_type = getattr(config, "model_type", None)
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (trust_remote_code and getattr(config, "auto_map", None)):
+        return AutoModelForCausalLM, "ForConditionalGeneration" in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, "")
+    if model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText, True
+    raise ModelError(f"unsupported: model type '{model_type}' has no causal-LM or image-text-to-text class in "
+                     f"transformers {compat.transformers_version()} (not a text decoder)")
+
+
+def attention_implementation(auto, config) -> str:
+    """tracecost's own implementation where the model dispatches attention through AttentionInterface; otherwise
+    SDPA (or eager), whose attention functions are swapped for tracecost's during the traced forward."""
+    try:
+        cls = auto._model_mapping[type(config)]
+    except Exception:  # noqa: BLE001 - remote code: let transformers decide, our implementation first
+        return IMPLEMENTATION
+    if getattr(cls, "_supports_attention_backend", False):
+        return IMPLEMENTATION
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+
+
+def register_legacy_attention_classes(auto, config) -> None:
+    """Models that pick their attention class from a dict by implementation name find tracecost's name there."""
+    try:
+        module = sys.modules[auto._model_mapping[type(config)].__module__]
+    except Exception:  # noqa: BLE001
+        return
+    for name, table in vars(module).items():
+        if name.endswith("ATTENTION_CLASSES") and isinstance(table, dict) and IMPLEMENTATION not in table:
+            fallback = table.get("sdpa") or table.get("eager")
+            if fallback is not None:
+                table[IMPLEMENTATION] = fallback
 
 
 _BUILD_CACHE: OrderedDict = OrderedDict()
 
 
+_EXPERT_COUNTS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+
+
+def _check_routing(name: str, text_config) -> None:
+    """A config with routed experts but no top-k (DeepSeek-V2's defaults): HF's router cannot run it either."""
+    experts = next((getattr(text_config, a) for a in _EXPERT_COUNTS if getattr(text_config, a, None)), None)
+    if experts and hasattr(text_config, "num_experts_per_tok") and text_config.num_experts_per_tok is None:
+        raise ModelError(f"unsupported: {name}: the config has {experts} routed experts but no num_experts_per_tok "
+                         f"(experts per token), so routing is undefined; set it in config.json")
+
+
 def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed", trust_remote_code: bool = False,
                 dedup_layers: bool = True) -> BuiltModel:
-    """The model on meta, with tracecost's attention and experts implementations; cached per config."""
-    key = (json.dumps(spec.config, sort_keys=True), dtype, mla_form, trust_remote_code, dedup_layers)
+    """The model on meta, with tracecost's attention and experts implementations; cached per config.
+
+    One built model serves both dedup settings: `layers.active` switches the replay of repeated layers."""
+    key = (json.dumps(spec.config, sort_keys=True), dtype, mla_form, trust_remote_code)
     if key in _BUILD_CACHE:
         _BUILD_CACHE.move_to_end(key)
-        return _BUILD_CACHE[key]
-    from transformers import AutoModelForCausalLM
-
+        built = _BUILD_CACHE[key]
+        built.layers.active = dedup_layers
+        return built
     config = make_config(spec, trust_remote_code)
     if mla_form not in mla.FORMS:
         raise ModelError(f"unknown MLA form '{mla_form}' (choose from {', '.join(mla.FORMS)})")
+    auto, multimodal = model_class(config, trust_remote_code)
+    notes = []
+    if getattr(config, "is_decoder", None) is False and not multimodal and hasattr(config, "add_cross_attention"):
+        # an encoder architecture (BERT, RoBERTa, ...) used through its causal-LM class: generation needs it causal
+        config.is_decoder = True
+        notes.append(f"{type(config).__name__} has is_decoder=False; traced as a decoder (causal attention, KV cache), "
+                     f"as its causal-LM class generates")
+    _check_routing(spec.name, config.get_text_config())
+    implementation = attention_implementation(auto, config)
+    register_legacy_attention_classes(auto, config)
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = AutoModelForCausalLM.from_config(
-                config, dtype=TORCH_DTYPES[dtype], attn_implementation=attention.IMPLEMENTATION_NAME,
-                experts_implementation=experts.IMPLEMENTATION_NAME, trust_remote_code=trust_remote_code)
+            model = auto.from_config(config, dtype=TORCH_DTYPES[dtype], attn_implementation=implementation,
+                                     experts_implementation=experts.IMPLEMENTATION_NAME,
+                                     trust_remote_code=trust_remote_code)
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise ModelError(f"cannot build {spec.name} ({type(config).__name__}) on meta: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise ModelError(f"unsupported: cannot build {spec.name} ({type(config).__name__}) on meta: "
+                         f"{type(e).__name__}: {_first_line(e)}") from None
     model.eval()
-    layers = decoder_layers(model)
-    if layers is None:
-        raise ModelError(f"{spec.name}: no decoder layer list found in {type(model).__name__}")
-    groups = group_layers(layers, config) if dedup_layers else [[i] for i in range(len(layers))]
-    for group in groups:
-        for i in group[1:]:
-            layers[i].forward = _skip_layer
     mla_modules = mla.use_absorbed_form(model) if mla_form == "absorbed" else sum(
-        1 for m in model.modules() if mla.is_mla(m))
-    built = BuiltModel(model=model, config=config, num_layers=len(layers), layer_groups=groups,
+        1 for m in model.modules() if mla.fits_absorbed_form(m))
+    if any(mla.is_mla(m) and not mla.fits_absorbed_form(m) for m in model.modules()):
+        notes.append("an MLA variant the absorbed (engine) form does not fit: its attention is traced as HF runs it")
+    if any(hasattr(m, "indexer") and getattr(getattr(m, "config", None), "index_topk", None) for m in model.modules()):
+        notes.append(f"DeepSeek sparse attention: each query attends to the top {config.get_text_config().index_topk} "
+                     f"keys its indexer selects (priced like a window of that many keys); the indexer scores every "
+                     f"cached key")
+    if any(getattr(getattr(m, "config", None), "zero_expert_num", 0) for m in model.modules()):
+        notes.append("zero-computation experts: every routed pick is priced as a real expert (an upper bound)")
+    languages = getattr(config, "languages", None)
+    if hasattr(model, "set_default_language") and languages:  # X-MOD: one language's adapters run per token
+        model.set_default_language(getattr(config, "default_language", None) or languages[0])
+        notes.append(f"X-MOD adapters of language {getattr(config, 'default_language', None) or languages[0]}")
+    patches.replace_forwards(model)
+    layers = install(model, config, dedup=True)
+    if layers is None:
+        raise ModelError(f"unsupported: {spec.name}: no decoder layer list found in {type(model).__name__}")
+    layers.active = dedup_layers
+    built = BuiltModel(model=model, config=config, num_layers=len(layers.layers), layers=layers,
                        params=sum(p.numel() for p in model.parameters()),
-                       active_params=active_params(model, config), mla_modules=mla_modules)
+                       active_params=active_params(model, config), mla_modules=mla_modules,
+                       attn_implementation=implementation, multimodal=multimodal, notes=notes)
     _BUILD_CACHE[key] = built
     while len(_BUILD_CACHE) > 4:
         _BUILD_CACHE.popitem(last=False)

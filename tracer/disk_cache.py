@@ -18,11 +18,11 @@ from pathlib import Path
 FORMAT = 1
 
 
-def _directory() -> Path | None:
+def _directory(kind: str = "traces") -> Path | None:
     if os.environ.get("TRACECOST_NO_CACHE") == "1":
         return None
     root = os.environ.get("TRACECOST_CACHE_DIR") or Path.home() / ".cache" / "tracecost"
-    return Path(root) / "traces"
+    return Path(root) / kind
 
 
 @lru_cache(maxsize=1)
@@ -39,16 +39,17 @@ def _fingerprint() -> str:
     return h.hexdigest()
 
 
-def _path(key) -> Path | None:
-    directory = _directory()
+def _path(key, kind: str = "traces") -> Path | None:
+    directory = _directory(kind)
     if directory is None:
         return None
     digest = hashlib.sha256((_fingerprint() + repr(key)).encode()).hexdigest()
     return directory / f"{digest}.pkl"
 
 
-def load(key):
-    path = _path(key)
+def load(key, kind: str = "traces"):
+    """`kind`: traces, or verdicts (the layer dedup self-test's, per model class)."""
+    path = _path(key, kind)
     if path is None or not path.is_file():
         return None
     try:
@@ -58,8 +59,8 @@ def load(key):
         return None
 
 
-def store(key, value) -> None:
-    path = _path(key)
+def store(key, value, kind: str = "traces") -> None:
+    path = _path(key, kind)
     if path is None:
         return
     try:

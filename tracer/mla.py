@@ -22,6 +22,13 @@ def is_mla(module: torch.nn.Module) -> bool:
     return hasattr(module, "kv_lora_rank") and hasattr(module, "kv_b_proj") and hasattr(module, "kv_a_proj_with_mqa")
 
 
+def fits_absorbed_form(module: torch.nn.Module) -> bool:
+    """DeepSeek-V2/V3's layout: a query from q_proj or q_a_proj -> q_b_proj, and kv_b_proj holding K-nope and V."""
+    return is_mla(module) and (hasattr(module, "q_proj") or hasattr(module, "q_b_proj")) and all(
+        hasattr(module, a) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_heads")) and not (
+        hasattr(module, "indexer") or hasattr(module, "skip_topk"))  # DSA: HF caches the expanded K/V
+
+
 def _rotate(x: torch.Tensor, positions: int) -> torch.Tensor:
     # rotary on the rope dims: x*cos + rotate_half(x)*sin, same elementwise work whatever the layout
     table_shape = (positions,) + (1,) * (x.dim() - 3) + (x.shape[-1],)
@@ -75,7 +82,7 @@ def use_absorbed_form(model: torch.nn.Module) -> int:
     """Swap every MLA attention module's forward for the absorbed one; returns how many were swapped."""
     swapped = 0
     for module in model.modules():
-        if is_mla(module):
+        if fits_absorbed_form(module):
             module.forward = types.MethodType(absorbed_forward, module)
             swapped += 1
     return swapped

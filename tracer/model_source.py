@@ -37,9 +37,19 @@ class ModelSpec:
     folder: str | None = None   # where config.json (and any remote code) lives
 
 
+# transformers writes floats JSON cannot hold (inf, nan) as {"__float__": "Infinity"}; it reads them back the same way
+_SPECIAL_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _decode_special_floats(obj: dict):
+    if set(obj) == {"__float__"} and obj["__float__"] in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[obj["__float__"]]
+    return obj
+
+
 def _read_config(path: Path, name: str, origin: str) -> ModelSpec:
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(), object_hook=_decode_special_floats)
     except (OSError, json.JSONDecodeError) as e:
         raise ModelError(f"cannot read model config {path}: {e}") from None
     if not isinstance(config, dict) or "model_type" not in config:

@@ -96,6 +96,8 @@ def conv_work(x, w, bias, stride, padding, dilation, transposed, output_padding,
     out_numel = prod(_shape(out)) if out is not None else 0
     c_in_per_group = _shape(w)[1]
     kernel = prod(_shape(w)[2:])
+    if c_in_per_group == 1 and groups > 1:  # depthwise (short causal convolutions): no matrix product, vector work
+        return Work(flops=2.0 * out_numel * kernel)
     return Work(flops=2.0 * out_numel * c_in_per_group * kernel, op_class=GEMM, unit=MATRIX,
                 gemm=GemmShape(out_numel // _shape(w)[0], _shape(w)[0], c_in_per_group * kernel))
 

@@ -17,13 +17,15 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import op_formulas
+from .inline_attention import InlineAttention
 from .work import (FUSION_ACTIVATION, FUSION_CAST, FUSION_NORM, FUSION_RESIDUAL, FUSION_ROTARY, GEMM,
-                   OTHER, AttentionWork, ExpertsWork, GemmShape, Op)
+                   OTHER, AttentionWork, ExpertsWork, GemmShape, Op, StateWork)
 
 FUSION_ROUTING = "routing"
-_LAYER_RE = re.compile(r"\.layers\.(\d+)(\.|$)")
+_CASTS = {"_to_copy", "clone", "to", "contiguous", "_unsafe_view"}
+_BIAS_FIRST = {"addmm", "baddbmm", "addmv", "addbmm"}
 # attention and MLP blocks of a decoder layer: the scope inside which an engine fuses ops of one kind
-_BLOCK_RE = re.compile(r"^(.*\.layers\.\d+\.(?:self_attn|attention|mlp|block_sparse_moe|feed_forward))(?:\.|$)")
+_BLOCKS = r"(?:self_attn|attention|self_attention|attn|mlp|block_sparse_moe|feed_forward|ffn|moe)"
 _ACTIVE: list["Recorder"] = []
 
 
@@ -63,8 +65,10 @@ class _Raw:
     gemm: GemmShape | None = None
     attention: AttentionWork | None = None
     experts: ExpertsWork | None = None
+    state: StateWork | None = None
     kv_cache_write: bool = False
     broadcast: bool = False
+    operand: str | None = None      # "param" / "buffer": the op reads a weight (or a view or cast of one)
     consumers: set = field(default_factory=set)
 
 
@@ -90,26 +94,44 @@ def _tp_sharded(module_path: str, module_type: str) -> bool:
     mt = module_type.lower()
     if "norm" in mt and module_path.count(".") <= 3:
         return False  # layer norms act on the full hidden state, replicated on every rank
-    return any(k in mt for k in ("attention", "mlp", "experts", "moe", "linear", "embedding")) or \
-        any(k in module_path for k in ("self_attn", "mlp", "lm_head", "embed_tokens", "experts"))
+    return any(k in mt for k in ("attention", "mlp", "experts", "moe", "linear", "embedding", "mixer", "mamba",
+                                 "deltanet")) or \
+        any(k in module_path for k in ("self_attn", "mlp", "lm_head", "embed_tokens", "experts", "mixer", "linear_attn"))
 
 
 class Recorder(TorchDispatchMode):
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, layer_path: str = "model.layers"):
         super().__init__()
+        # the decoder layer list's path: ops under `<layer_path>.<i>` belong to layer i
+        self._layer_re = re.compile(r"^" + re.escape(layer_path) + r"\.(\d+)(?:\.|$)")
+        self._block_re = re.compile(r"^(" + re.escape(layer_path) + r"\.\d+\." + _BLOCKS + r")(?:\.|$)")
         self.ops: list[_Raw] = []
         self.unformulated: dict[str, int] = {}
         self._producer = WeakIdKeyDictionary()
         self._params = WeakIdKeyDictionary()
         self._stack: list[tuple[str, str]] = [("", type(model).__name__)]
+        self.modules: list[torch.nn.Module] = [model]   # the module objects of `_stack`
         self._hooks = []
         self._suppress = 0
         self.context_length = 0
         self.kv_element_size = 2
         self.moe_imbalance = 1.0
         self.pending_experts = None  # set by the experts implementation around HF's grouped_mm path
+        self.inline = InlineAttention(self)  # attention a model computes as matmuls over the cached keys
+        # a parameter or buffer, or a view or cast of one -> that parameter or buffer (for the FLOP identity)
+        self._weight_of = WeakIdKeyDictionary()
+        self._buffers = WeakIdKeyDictionary()
+        self.params_read: dict[int, set[str]] = {}  # id of a parameter -> classes of the recorded ops that read it
+        self.param_rows: dict[int, list[float]] = {}  # id of a parameter -> rows of each GEMM that multiplied it
+        # id of a routed experts' weight -> (top_k, experts, ops that read it) of the routed ops that read it
+        self.expert_params: dict[int, tuple[int, int, int]] = {}
+        self._last_roots: list = []
         for p in model.parameters():
             self._params[p] = True
+            self._weight_of[p] = p
+        for b in model.buffers():
+            self._buffers[b] = True
+            self._weight_of[b] = b
         for name, mod in model.named_modules():
             self._hooks.append(mod.register_forward_pre_hook(self._push_hook(name, type(mod).__name__)))
             self._hooks.append(mod.register_forward_hook(self._pop_hook))
@@ -118,10 +140,12 @@ class Recorder(TorchDispatchMode):
     def _push_hook(self, name, type_name):
         def hook(module, args):
             self._stack.append((name, type_name))
+            self.modules.append(module)
         return hook
 
     def _pop_hook(self, module, args, output):
         self._stack.pop()
+        self.modules.pop()
 
     def close(self):
         for h in self._hooks:
@@ -141,8 +165,11 @@ class Recorder(TorchDispatchMode):
             self._suppress -= 1
 
     # --- recording ---------------------------------------------------------------------------------
-    def _reads(self, tensors) -> tuple[list, float, float]:
-        reads, total, weights, seen = [], 0.0, 0.0, set()
+    def _reads(self, tensors, op_class: str) -> tuple[list, float, float, str | None]:
+        """(reads, bytes, weight bytes, operand): operand is "param" or "buffer" when the op reads one (or a view
+        or cast of one)."""
+        reads, total, weights, seen, operand = [], 0.0, 0.0, set(), None
+        self._last_roots = []
         for t in tensors:
             if id(t) in seen:
                 continue
@@ -152,13 +179,21 @@ class Recorder(TorchDispatchMode):
             if producer == "param" or t in self._params:
                 weights += nbytes
                 producer = None
+            root = self._weight_of.get(t)
+            if root is not None:
+                if root in self._buffers:
+                    operand = operand or "buffer"
+                else:
+                    operand = "param"
+                    self.params_read.setdefault(id(root), set()).add(op_class)
+                    self._last_roots.append(root)
             reads.append((producer, nbytes))
             total += nbytes
-        return reads, total, weights
+        return reads, total, weights, operand
 
     def _new_raw(self, name, op_class, unit, flops, dtype, shapes, out_shape, **kw) -> _Raw:
         path, mtype = self.module
-        m = _LAYER_RE.search(path + ".")
+        m = self._layer_re.match(path)
         layer = int(m.group(1)) if m else None
         return _Raw(name=name, op_class=op_class, unit=unit, flops=flops, dtype=dtype, module=path,
                     module_type=mtype, layer=layer, shapes=shapes, out_shape=out_shape,
@@ -176,16 +211,21 @@ class Recorder(TorchDispatchMode):
     def record(self, name: str, op_class: str, unit: str, flops: float, inputs, outputs, *,
                bytes_read: float | None = None, bytes_written: float | None = None, weight_bytes: float | None = None,
                attention: AttentionWork | None = None, experts: ExpertsWork | None = None,
-               gemm: GemmShape | None = None, kv_cache_write: bool = False) -> None:
+               gemm: GemmShape | None = None, kv_cache_write: bool = False, state: StateWork | None = None) -> None:
         """Record one op that tracecost prices itself (attention core, routed experts, KV write)."""
+        if self._suppress:
+            return
         inputs = [t for t in inputs if isinstance(t, torch.Tensor)]
         outputs = [t for t in outputs if isinstance(t, torch.Tensor)]
-        reads, read_total, weights = self._reads(inputs)
+        reads, read_total, weights, operand = self._reads(inputs, op_class)
+        if experts is not None:
+            for root in self._last_roots:
+                self.mark_expert_weight(root, experts.top_k, experts.num_experts)
         raw = self._new_raw(name, op_class, "matrix" if op_class != OTHER else "vector", flops,
                             dtype_name(inputs[0].dtype) if inputs else "bf16",
                             tuple(tuple(t.shape) for t in inputs), tuple(outputs[0].shape) if outputs else (),
                             reads=reads, attention=attention, experts=experts, gemm=gemm,
-                            kv_cache_write=kv_cache_write)
+                            kv_cache_write=kv_cache_write, state=state, operand=operand)
         raw.bytes_read = read_total if bytes_read is None else bytes_read
         raw.bytes_written = sum(tensor_bytes(t) for t in outputs) if bytes_written is None else bytes_written
         raw.weight_bytes = weights if weight_bytes is None else weight_bytes
@@ -194,23 +234,33 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        name = op_formulas.op_base_name(func)
+        if name in ("_grouped_mm", "grouped_mm") and self.pending_experts is not None:
+            # the experts op stands for this GEMM, so only its shape is needed; torch's meta kernel would also
+            # refuse anything but bf16 (fp16 and fp32 traces failed here)
+            a, b = args[0], args[1]
+            out = a.new_empty(a.shape[0], b.shape[-1])
+            if not self._suppress:
+                self._record_experts(args, [out])
+            return out
         out = func(*args, **kwargs)
         if self._suppress:
             return out
         flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        name = op_formulas.op_base_name(func)
         if op_formulas.is_view(func):
             flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
             if flat_in:
-                producer = "param" if flat_in[0] in self._params else self._producer.get(flat_in[0])
+                src = flat_in[0]
+                producer = "param" if src in self._params else self._producer.get(src)
+                root = self._weight_of.get(src)
                 for t in flat_out:
                     if producer is not None:
                         self._producer[t] = producer
+                    if root is not None:
+                        self._weight_of[t] = root
+                self.inline.follow_view(src, flat_out)
             return out
         if name in op_formulas.FREE or name.startswith("_local_scalar"):
-            return out
-        if name in ("_grouped_mm", "grouped_mm") and self.pending_experts is not None:
-            self._record_experts(args, flat_out)
             return out
         work = op_formulas.work_for(func, args, kwargs, out)
         if work is None:
@@ -221,14 +271,29 @@ class Recorder(TorchDispatchMode):
             and func._schema.arguments[0].alias_info.is_write
         if writes_first_arg and name in ("copy_", "fill_", "zero_", "index_put_", "masked_fill_", "slice_scatter"):
             flat_in = flat_in[1:]  # the destination is written, not read
-        reads, read_total, weights = self._reads(flat_in)
+        reads, read_total, weights, operand = self._reads(flat_in, work.op_class)
+        if name in _BIAS_FIRST and args and isinstance(args[0], torch.Tensor):  # the added bias is not multiplied
+            bias = self._weight_of.get(args[0])
+            if bias is not None and bias in self._params:
+                classes = self.params_read.setdefault(id(bias), set())
+                classes.discard(GEMM)
+                classes.add(OTHER)
+                self._last_roots = [r for r in self._last_roots if r is not bias]
+        if self.inline.handle(work.op_class, operand, flat_in, flat_out):
+            return out
+        if work.op_class == GEMM and len(self._last_roots) == 1:  # rows this weight met: FLOPs / (2 x its size)
+            root = self._last_roots[0]
+            self.param_rows.setdefault(id(root), []).append(work.flops / (2.0 * max(1, root.numel())))
+        if name in _CASTS and flat_in and flat_in[0] in self._weight_of:  # a cast weight is still that weight
+            for t in flat_out:
+                self._weight_of[t] = self._weight_of[flat_in[0]]
         if work.bytes_read is not None:
             read_total = work.bytes_read
         dtype = next((t.dtype for t in flat_out + flat_in if t.is_floating_point()), flat_out[0].dtype if flat_out
                      else torch.float32)
         raw = self._new_raw("aten." + name, work.op_class, work.unit, work.flops, dtype_name(dtype),
                             tuple(tuple(t.shape) for t in flat_in), tuple(flat_out[0].shape) if flat_out else (),
-                            reads=reads, gemm=work.gemm)
+                            reads=reads, gemm=work.gemm, operand=operand)
         raw.bytes_read = read_total
         raw.bytes_written = sum(tensor_bytes(t) for t in flat_out)
         raw.weight_bytes = weights
@@ -238,9 +303,19 @@ class Recorder(TorchDispatchMode):
         self._append(raw, flat_out)
         return out
 
+    def mark_expert_weight(self, weight, top_k: int, num_experts: int) -> None:
+        """A routed-experts op read this weight (once more): the FLOP identity expects top_k / E of the tokens."""
+        uses = self.expert_params.get(id(weight), (0, 0, 0))[2]
+        self.expert_params[id(weight)] = (top_k, num_experts, uses + 1)
+
     def _record_experts(self, args, outputs) -> None:
         """HF's expert GEMMs: the first becomes the layer's expected-work op, the second is part of it."""
         pending = self.pending_experts
+        for weight in args[1:2]:  # the experts' weights: read by this layer's experts op
+            root = self._weight_of.get(weight)
+            if root is not None:
+                self.params_read.setdefault(id(root), set()).add(GEMM)
+                self.mark_expert_weight(root, pending.work.top_k, pending.work.num_experts)
         if getattr(pending, "recorded", False):
             for t in outputs:  # the down projection: its output comes from the experts op
                 self._producer[t] = len(self.ops) - 1
@@ -274,7 +349,7 @@ class Recorder(TorchDispatchMode):
                     kernels.append(current)
                 current, scope = [], None
                 continue
-            block = _BLOCK_RE.match(raw.module)
+            block = self._block_re.match(raw.module)
             if block is not None:
                 key = (block.group(1), raw.fusion_group)
                 if key not in blocks:
@@ -324,7 +399,7 @@ class Recorder(TorchDispatchMode):
                           module=raw.module, module_type=raw.module_type, shapes=raw.shapes, out_shape=raw.out_shape,
                           layer=raw.layer, fusion_group=raw.fusion_group, weight_bytes=raw.weight_bytes,
                           tp_sharded=raw.tp_sharded, gemm=raw.gemm, attention=raw.attention, experts=raw.experts,
-                          fused_bytes=fb, fusion_key=key, kv_cache_write=raw.kv_cache_write, broadcast=raw.broadcast,
+                          state=raw.state, weight_operand=raw.operand, fused_bytes=fb, fusion_key=key, kv_cache_write=raw.kv_cache_write, broadcast=raw.broadcast,
                           source=next((p for p, _ in raw.reads if p is not None), None)))
         return ops
 

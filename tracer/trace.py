@@ -5,7 +5,7 @@ import json
 import time
 import warnings
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from . import disk_cache
@@ -79,21 +79,59 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     prepare()
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
-    ops, unformulated = _run(built, request, kv_element_size=DTYPE_BYTES[kv_dtype],
-                             moe_imbalance=options.moe_imbalance, model_name=spec.name)
+    kv_size = DTYPE_BYTES[kv_dtype]
+    if request.context_length > 0 and not _takes_cache(built.model):
+        raise ModelError(f"unsupported: {spec.name}: {type(built.model).__name__}'s forward keeps no KV cache, so a "
+                         f"step over {request.context_length} cached tokens cannot be traced (context 0 can)")
+    if options.dedup_layers:
+        from .checks import dedup_verdict
+        from .layers import DEDUP, FULL, PROBE
+
+        def probe(req: Request, mode: str) -> Trace:
+            built.layers.mode = mode
+            try:
+                run = _run(built, req, options, kv_size, spec.name, check=False)
+            finally:
+                built.layers.mode = DEDUP
+            return Trace(model=spec.name, request=req, options=options, ops=run.ops, params=0, active_params=0,
+                         num_layers=built.num_layers, kv_bytes_per_token=0.0, weight_bytes=0.0)
+        _warm_up(built, options, kv_size, spec.name, PROBE)
+        built.dedup_verdict = dedup_verdict(built, probe)
+        built.layers.mode = DEDUP if built.dedup_verdict == "ok" else FULL
+    else:
+        _warm_up(built, options, kv_size, spec.name, built.layers.mode)
+    run = _run(built, request, options, kv_size, spec.name)
+    ops = run.ops
     if options.dtype in QUANTIZED_DTYPES:
         ops = _quantize_weights(ops, options.dtype)
     kv_written = sum(op.bytes_written * op.count for op in ops if op.kv_cache_write)
+    state_bytes = sum(op.state.state_bytes * op.count for op in ops if op.state is not None)
     result = Trace(
         model=spec.name, request=request, options=options, ops=ops, params=built.params,
         active_params=built.active_params, num_layers=built.num_layers,
-        kv_bytes_per_token=kv_written / max(1, request.tokens),
+        kv_bytes_per_token=kv_written / max(1, request.num_queries * run.query_length),
         weight_bytes=built.params * DTYPE_BYTES[options.dtype], trace_seconds=time.perf_counter() - start,
-        kv_element_size=DTYPE_BYTES[kv_dtype], hidden_size=_hidden_size(built.config),
-        unformulated=unformulated, notes=_notes(built, options, from_config))
+        kv_element_size=kv_size, hidden_size=_hidden_size(built.config),
+        unformulated=run.unformulated, notes=_notes(built, options, from_config, run), checks=run.checks,
+        state_bytes_per_sequence=state_bytes, image_tokens=run.image_tokens)
     _remember(key, result)
     disk_cache.store(key, result)
     return result
+
+
+def _warm_up(built: BuiltModel, options: TraceOptions, kv_size: float, name: str, mode: str) -> None:
+    """One untimed forward over the layers `mode` traces: some models convert buffers on their first call (CTRL's
+    and CodeGen's position tables), which is not a step's work."""
+    if mode in built.warmed:
+        return
+    saved, built.layers.mode = built.layers.mode, mode
+    try:
+        _run(built, Request(1, 1, 0), replace(options, image_tokens=0), kv_size, name, check=False)
+    finally:
+        built.layers.mode = saved
+    built.warmed.add(mode)
+    if mode == "probe":
+        built.warmed.add("dedup")
 
 
 def _remember(key, result: Trace) -> None:
@@ -107,7 +145,7 @@ def _hidden_size(config) -> int:
     return int(getattr(text, "hidden_size", 0) or 0)
 
 
-def _notes(built: BuiltModel, options: TraceOptions, from_config: bool = False) -> list[str]:
+def _notes(built: BuiltModel, options: TraceOptions, from_config: bool, run: "Run") -> list[str]:
     notes = []
     if from_config and options.dtype in QUANTIZED_DTYPES:
         notes.append(f"weights priced as {options.dtype} from the config's quantization_config (--dtype overrides)")
@@ -117,39 +155,144 @@ def _notes(built: BuiltModel, options: TraceOptions, from_config: bool = False) 
                      "MLA attention as HF runs it: the latent cache is re-expanded through kv_b_proj every step")
     if options.dtype in QUANTIZED_DTYPES:
         notes.append(f"{options.dtype} weights priced on a bf16 trace: GEMM weight bytes scaled, activations bf16")
-    return notes
+    if built.dedup_verdict not in (None, "ok"):
+        notes.append(f"{built.dedup_verdict}: every decoder layer is traced")
+    if any(op.state is not None for op in run.ops):
+        from .recurrent import state_note
+        notes.append(state_note())
+    if any(op.attention is not None and op.attention.chunk for op in run.ops):
+        notes.append("chunked local attention: a query attends only to the keys of its own chunk")
+    return notes + built.notes + run.notes
 
 
-def _run(built: BuiltModel, request: Request, kv_element_size: float, moe_imbalance: float,
-         model_name: str) -> tuple[list[Op], dict[str, int]]:
-    """The step's ops (repeated layers multiplied) and the matrix ops that had no formula."""
+@dataclass
+class Run:
+    """One traced forward: the ops (repeated layers multiplied) and what the checks found."""
+    ops: list[Op]
+    unformulated: dict[str, int]
+    query_length: int                    # per sequence, image tokens included
+    image_tokens: int = 0
+    notes: list[str] = field(default_factory=list)
+    checks: dict[str, str] = field(default_factory=dict)
+
+
+_CACHE_ARGUMENTS = ("past_key_values", "cache", "cache_params")  # by release and family
+
+
+def _takes_cache(model) -> bool:
+    import inspect
+    return any(n in inspect.signature(model.forward).parameters for n in (*_CACHE_ARGUMENTS, "state"))  # RWKV
+
+
+def _forward_kwargs(model, cache, logits_rows: int | None) -> dict:
+    """The cache under the name the model's forward takes it, and logits_to_keep where it is accepted."""
+    import inspect
+    params = inspect.signature(model.forward).parameters
+    kwargs = {"use_cache": True}
+    name = next((n for n in _CACHE_ARGUMENTS if n in params), None)
+    if name is not None:
+        kwargs[name] = cache
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 0 if logits_rows is None else logits_rows
+    return kwargs
+
+
+def _padding_mask(model, batch: int, length: int) -> dict:
+    """The all-ones [B, C+Q] padding mask generation passes, for models whose forward reads its shape (GIT while
+    decoding). Others get none: many inspect its values, which meta tensors do not have."""
+    import inspect
+
+    import torch
+    if "attention_mask" not in inspect.signature(model.forward).parameters:
+        return {}
+    owners = {type(model)} | {type(m) for m in model.children()}
+    try:
+        needs = any("attention_mask.shape" in inspect.getsource(cls.forward) for cls in owners)
+    except (OSError, TypeError):
+        needs = False
+    return {"attention_mask": torch.ones(batch, length, dtype=torch.long, device="meta")} if needs else {}
+
+
+def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_size: float, model_name: str,
+         check: bool = True) -> Run:
+    """Trace one forward step; with `check`, stop with a one-line error when a self-check fails."""
     import torch
 
-    from .kv_cache import MetaKVCache
+    from .kv_cache import model_cache
+    from .patches import patched
     from .recorder import Recorder
-    batch, q_len, context = request.num_queries, request.query_length, request.context_length
-    recorder = Recorder(built.model)
+    image_tokens = options.image_tokens if not request.decode else 0
+    if image_tokens and getattr(built.config, "vision_config", None) is None:
+        raise ModelError(f"{model_name}: --image-tokens needs a vision-language config (one with a vision_config); "
+                         f"{type(built.model).__name__} is text-only")
+    batch, q_len, context = request.num_queries, request.query_length + image_tokens, request.context_length
+    recorder = Recorder(built.model, built.layers.path)
     recorder.context_length = context
     recorder.kv_element_size = kv_element_size
-    recorder.moe_imbalance = moe_imbalance
+    recorder.moe_imbalance = options.moe_imbalance
+    recorder.inline.batch = batch
+    logits_rows = None if request.all_logits else 1
     with torch.device("meta"):
         input_ids = torch.zeros(batch, q_len, dtype=torch.long)
         positions = torch.arange(context, context + q_len).unsqueeze(0).expand(batch, -1)
-    cache = MetaKVCache(built.num_layers, context)
+    cache = model_cache(built.model, built.num_layers, context, built.config, batch)
+    kwargs = {**_forward_kwargs(built.model, cache, logits_rows), **_padding_mask(built.model, batch, context + q_len)}
+    vision_note = None
     try:
-        with torch.no_grad(), recorder, warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            built.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
-                        logits_to_keep=0 if request.all_logits else 1)
+        with torch.no_grad(), recorder, warnings.catch_warnings(), patched(built.model, recorder, logits_rows):
+            warnings.simplefilter("ignore")
+            if image_tokens:
+                from .vision import encode_images
+                vision_note = encode_images(built.model, built.config, recorder, image_tokens, batch).note
+            if context > 0 and getattr(cache, "has_states", False):
+                with recorder.suppressed():  # one token shapes the recurrent states; the step then continues them
+                    built.model(input_ids=input_ids[:, :1], position_ids=positions[:, :1], **kwargs)
+                cache.continue_states()
+            built.model(input_ids=input_ids, position_ids=positions, **kwargs)
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - an unsupported model is a one-line error naming the module
         where = recorder.module[0] or type(built.model).__name__
-        raise ModelError(f"{model_name}: tracing failed in module '{where}' ({recorder.module[1]}): "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        text = str(e).strip()
+        raise ModelError(f"unsupported: {model_name}: tracing failed in module '{where}' ({recorder.module[1]}): "
+                         f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from None
     finally:
         recorder.close()
-    ops = recorder.finish()
+    raw_ops = recorder.finish()
     multiplicity = {group[0]: len(group) for group in built.layer_groups}
-    return ([op.times(multiplicity.get(op.layer, 1)) if op.layer is not None else op for op in ops],
-            dict(recorder.unformulated))
+    ops = [op.times(multiplicity.get(op.layer, 1)) if op.layer is not None else op for op in raw_ops]
+    run = Run(ops=ops, unformulated=dict(recorder.unformulated), query_length=q_len, image_tokens=image_tokens,
+              notes=[vision_note] if vision_note else [])
+    if check:
+        _check(built, run, recorder, request, model_name)
+    return run
+
+
+def _check(built: BuiltModel, run: Run, recorder, request: Request, model_name: str) -> None:
+    from .checks import context_problems, flop_identity
+    batch = request.num_queries
+    tokens = batch * run.query_length
+    logits_rows = tokens if request.all_logits else batch
+    identity = flop_identity(built, recorder.params_read, recorder.param_rows, run.ops, tokens, logits_rows,
+                             batch * (request.context_length + run.query_length), recorder.expert_params)
+    if not identity.holds:
+        raise ModelError(f"unsupported: {model_name}: FLOP identity check failed: {identity.describe()}")
+    run.checks["flop_identity"] = f"holds: {identity.traced:.6g} GEMM FLOPs = 2 x params x rows"
+    problems = context_problems(run.ops, request)
+    if problems:
+        raise ModelError(f"unsupported: {model_name}: cache check failed: {problems[0]}")
+    run.checks["cache"] = "every attention op sees the whole context; recurrent ops continue their state"
+    run.checks["dedup"] = built.dedup_verdict or ("off" if not built.layers.active else "not run")
+    if identity.unread_params:
+        run.notes.append(f"{identity.unread_params / 1e6:.1f}M matrix parameters take no part in a text-only step "
+                         f"(e.g. cross-attention or an encoder) and are not counted in its work")
+    if identity.reused_weights:
+        run.notes.append(f"{', '.join(identity.reused_weights)}: applied more than once per step, as HF runs the model")
+    if identity.per_head_weights:
+        run.notes.append(f"{', '.join(identity.per_head_weights)}: one weight applied to every head of every token")
+    if identity.mixing:
+        run.notes.append(f"{identity.mixing:.3g} FLOPs of tiny per-token products without weights (e.g. AltUp "
+                         f"mixing) are counted as traced")
+    if identity.cache_weights and not built.mla_modules:
+        run.notes.append(f"{', '.join(identity.cache_weights)}: multiplied with every cached token each step, as HF "
+                         f"runs the model")

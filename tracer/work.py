@@ -39,6 +39,8 @@ class AttentionWork:
     kv_tokens_read: int          # keys read per sequence (per KV head)
     kv_shares_storage: bool = False  # MLA absorbed form: V is a slice of the cached K
     has_sinks: bool = False
+    causal: bool = True              # False: every query sees every key (encoders, e.g. a vision tower)
+    chunk: int | None = None         # chunked local attention (Llama-4): a query sees only its chunk's keys
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,25 @@ class ExpertsWork:
 
 
 @dataclass(frozen=True)
+class StateWork:
+    """The core of a recurrent sequence mixer (SSM scan, linear attention, short convolution) over `tokens` new
+    tokens per sequence, carrying a constant-size state per sequence from one step to the next."""
+    kind: str                    # causal_conv1d | selective_scan | ssd | gated_delta_rule | kda | lightning | wkv
+    batch: int
+    tokens: int                  # new tokens per sequence
+    matrix_flops: float          # on matrix units (chunked algorithms), whole batch
+    vector_flops: float          # on vector units, whole batch
+    state_elements: int          # per sequence
+    state_element_size: float    # bytes
+    reads_state: bool            # continues a cached state (context > 0); else starts from zero
+
+    @property
+    def state_bytes(self) -> float:
+        """Per sequence: the state this op keeps between steps."""
+        return self.state_elements * self.state_element_size
+
+
+@dataclass(frozen=True)
 class Op:
     name: str                  # aten op or tracecost op, e.g. "aten.mm", "tracecost.attention"
     op_class: str              # gemm | attention | other
@@ -84,6 +105,7 @@ class Op:
     gemm: GemmShape | None = None
     attention: AttentionWork | None = None
     experts: ExpertsWork | None = None
+    state: StateWork | None = None   # recurrent mixers (SSM / linear attention / short conv)
     # bytes when the op runs inside its fused group (engine mode); None: same as unfused
     fused_bytes: float | None = None
     # instance key of the fused kernel this op belongs to (layer, module instance, group)
@@ -91,6 +113,7 @@ class Op:
     kv_cache_write: bool = False
     broadcast: bool = False    # an input is broadcast to the output shape (no vectorized fast path)
     source: int | None = None  # index of the op that produced the first activation input (GEMM merging)
+    weight_operand: str | None = None  # "param" / "buffer": a GEMM operand is a weight (view or cast included)
 
     @property
     def bytes(self) -> float:
@@ -126,6 +149,7 @@ class TraceOptions:
     moe_imbalance: float = 1.0
     dedup_layers: bool = True
     trust_remote_code: bool = False
+    image_tokens: int = 0                  # image tokens counted as prefill input (multimodal configs)
 
 
 @dataclass
@@ -144,6 +168,10 @@ class Trace:
     hidden_size: int = 0
     unformulated: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # recurrent layers: state bytes per sequence, whole model (constant in length; KV grows only in attention layers)
+    state_bytes_per_sequence: float = 0.0
+    image_tokens: int = 0                   # of the query tokens, how many are image tokens
+    checks: dict[str, str] = field(default_factory=dict)  # self-checks run on this trace and their verdicts
 
     def total(self, attr: str, op_class: str | None = None) -> float:
         return sum(getattr(op, attr) * op.count for op in self.ops

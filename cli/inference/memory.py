@@ -11,21 +11,25 @@ GB = 1e9
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights: float          # bytes per device
-    kv_cache: float
+    kv_cache: float         # attention layers' KV: grows with the cached tokens
     activations: float
     capacity: float
+    state_cache: float = 0.0  # recurrent layers' state (SSM, linear attention, conv): constant per sequence
 
     @property
     def total(self) -> float:
-        return self.weights + self.kv_cache + self.activations
+        return self.weights + self.kv_cache + self.state_cache + self.activations
 
     @property
     def fits(self) -> bool:
         return self.total <= self.capacity
 
     def as_gb(self) -> dict[str, float]:
-        return {"weights": self.weights / GB, "kv_cache": self.kv_cache / GB, "activations": self.activations / GB,
-                "total": self.total / GB, "capacity": self.capacity / GB}
+        out = {"weights": self.weights / GB, "kv_cache": self.kv_cache / GB, "activations": self.activations / GB,
+               "total": self.total / GB, "capacity": self.capacity / GB}
+        if self.state_cache:
+            out["state_cache"] = self.state_cache / GB
+        return out
 
 
 def kv_heads(trace: Trace) -> int:
@@ -51,8 +55,19 @@ def peak_activation_bytes(trace: Trace, tp: int) -> float:
     return peak
 
 
-def estimate_memory(trace: Trace, cached_tokens_total: int, tp: int, ep: int, capacity_gb: float) -> MemoryEstimate:
+def state_cache_bytes(trace: Trace, sequences: int, tp: int) -> float:
+    """Recurrent states of `sequences` sequences on one device: constant in length; heads/channels shard over TP."""
+    return trace.state_bytes_per_sequence * sequences / max(1, tp)
+
+
+def estimate_memory(trace: Trace, cached_tokens_total: int, tp: int, ep: int, capacity_gb: float,
+                    sequences: int | None = None) -> MemoryEstimate:
+    """`cached_tokens_total`: KV tokens of all sequences; `sequences`: how many sequences hold a recurrent state
+    (required for models with recurrent layers)."""
+    if trace.state_bytes_per_sequence and sequences is None:
+        raise ValueError(f"{trace.model} has recurrent layers: memory needs the number of sequences")
     # TP shards every weight; EP shards the routed experts, which hold nearly all of an MoE model's weights
     weights = trace.weight_bytes / max(tp, ep)
     return MemoryEstimate(weights=weights, kv_cache=kv_cache_bytes(trace, cached_tokens_total, tp),
-                          activations=peak_activation_bytes(trace, tp), capacity=capacity_gb * GB)
+                          activations=peak_activation_bytes(trace, tp), capacity=capacity_gb * GB,
+                          state_cache=state_cache_bytes(trace, sequences or 0, tp))

@@ -40,6 +40,9 @@ MAX_CACHE_GB = 1e6   # a petabyte of KV cache per instance: beyond any machine
 
 def server_config(args, spec, hw, options) -> ServerConfig:
     probe = trace(spec, Request(1, args.max_prefill_tokens, 0), options)
+    if probe.kv_bytes_per_token <= 0:  # a pure SSM / linear-attention model: constant state, no KV blocks
+        raise ValueError(f"{spec.name} has no attention KV cache (only recurrent state), so there is no prefix "
+                         f"cache to simulate")
     block_bytes = args.block_size * probe.kv_bytes_per_token / max(1, min(args.tp_size, kv_heads(probe)))
     if args.gpu_cache_gb == "auto":
         # what the engine's memory budget leaves for the KV cache (serving/capacity.py), as the optimizer uses

@@ -57,7 +57,8 @@ class Result:
                         "prefix_cache_hit_rate": self.config.prefix_cache_hit_rate if self.config.hit_rate_applies
                         else 0.0, "cached_tokens": info.cached_tokens,
                         "original_query_length": self.config.query_length,
-                        "original_context_length": self.config.context_length},
+                        "original_context_length": self.config.context_length,
+                        "image_tokens": self.trace.image_tokens},
             "latency_ms": e.latency_s * 1e3,
             "host_ms": e.host_s * 1e3, "wall_ms": e.wall_s * 1e3,
             "breakdown_ms": {c: e.breakdown_s[c] * 1e3 for c in BREAKDOWN_CLASSES},
@@ -85,7 +86,8 @@ def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: in
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     t = trace(spec, info.to_request(), options or TraceOptions())
     est = estimate(t, hw, execution, Parallelism(tp, ep, ep_style), engine)
-    memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_capacity_gb)
+    memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_capacity_gb,
+                             sequences=info.num_queries)
     return Result(spec.name, hw, config, info, t, est, memory)
 
 
@@ -100,6 +102,9 @@ def render(r: Result) -> str:
              f"seq_len={info.seq_len}" + (f"  (prefix cache: {info.cached_tokens} of {r.config.query_length} query "
                                           f"tokens hit, rate {r.config.prefix_cache_hit_rate})"
                                           if r.config.hit_rate_applies else ""),
+             *([f"image tokens: {r.trace.image_tokens} per sequence, run as prefill input through the language "
+                f"model ({info.query_len} text + {r.trace.image_tokens} image tokens per sequence)"]
+               if r.trace.image_tokens else []),
              "",
              f"{label}: {e.latency_s * 1e3:.3f} ms of kernels    throughput: {r.throughput:,.0f} tokens/s",
              f"host launches: {e.host_s * 1e3:.3f} ms"
