@@ -8,6 +8,7 @@ and its reserve, as each engine divides memory (cost/engines.py, ServingDefaults
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cost.engines import ServingDefaults
@@ -26,6 +27,8 @@ class ReplicaMemory:
     kv_cache: float
     kv_tokens: int
     kv_bytes_per_token: float    # per GPU
+    state_tokens_per_sequence: int = 0   # recurrent (SSM / linear-attention) state of one request, in KV tokens
+    attention_kv: bool = True            # False: no layer keeps a KV cache (pure SSM); memory counts states
 
 
 def kv_heads(trace: Trace) -> int:
@@ -78,4 +81,10 @@ def replica_memory(probe: Trace, hw: HardwareProfile, defaults: ServingDefaults,
     else:
         kv = fraction * capacity - weights - activations - reserve
     per_token = kv_bytes_per_token(probe, tp, pp)
-    return ReplicaMemory(weights, activations, reserve, max(0.0, kv), int(max(0.0, kv) // per_token), per_token)
+    # hybrid and recurrent models hold a constant state per request besides (or instead of) the KV cache
+    state = probe.state_bytes_per_sequence / max(1, tp) / max(1, pp)
+    attention_kv = per_token > 0
+    if not attention_kv:      # no KV cache at all: count the memory in units of one request's state
+        per_token = state or 1.0
+    return ReplicaMemory(weights, activations, reserve, max(0.0, kv), int(max(0.0, kv) // per_token), per_token,
+                         math.ceil(state / per_token), attention_kv)

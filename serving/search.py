@@ -152,7 +152,8 @@ class Searcher:
         mem = self._memory[key]
         # pipeline stages run pp micro-batches in flight: pp virtual engines, each with its share of the cache
         pp = layout.pp
-        return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill), mem
+        return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill,
+                      mem.state_tokens_per_sequence, mem.attention_kv), mem
 
     def replica_state(self, layout: Layout, load: Load) -> tuple[SteadyState, Limits, ReplicaMemory]:
         """The steady state of one virtual engine (a replica, or one pipeline micro-batch stream of it)."""

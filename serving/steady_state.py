@@ -45,6 +45,8 @@ class Limits:
     max_batched_tokens: int
     kv_tokens: int               # KV-cache capacity of one replica, in tokens
     chunked_prefill: bool = True
+    state_tokens: int = 0        # a request's recurrent state (hybrid / SSM models), in KV-token units
+    attention_kv: bool = True    # False: a request's memory is its state only (no KV cache grows)
 
 
 @dataclass
@@ -95,8 +97,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     o = max(1, output_tokens)
     ctx_decode = input_tokens + o // 2
     shared = cached_tokens if shared_prefix_kv else 0
-    kv_per_request = input_tokens + o - shared
-    admit = max(1, min(limits.max_num_seqs, max(0, limits.kv_tokens - shared) // kv_per_request))
+    kv_per_request = (input_tokens + o - shared if limits.attention_kv else 0) + limits.state_tokens
+    admit = max(1, min(limits.max_num_seqs, max(0, limits.kv_tokens - shared) // max(1, kv_per_request)))
     budget = limits.max_batched_tokens
     # prompts are prefilled in chunks of up to the budget, each over the cached prefix and earlier chunks
     chunk = min(prompt, budget) if limits.chunked_prefill else prompt
