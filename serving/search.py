@@ -173,9 +173,9 @@ class Searcher:
         ttft, tpot = _ms(state.ttft_s), state.tpot_s * 1e3
         why = self.limits.why_not(ttft, tpot)
         if mem.kv_tokens < self.w.input_tokens + self.w.output_tokens:
-            why.insert(0, f"memory: {mem.kv_tokens} KV tokens per replica cannot hold one request "
-                          f"({mem.weights / 1e9:.1f} GB of weights per GPU)")
-        if not state.stable:
+            why = [f"memory: {mem.kv_tokens} KV tokens per replica cannot hold one request "
+                   f"({mem.weights / 1e9:.1f} GB of weights per GPU)"]
+        elif not state.stable:
             why.append(state.note)
         notes = [f"step overheads: {cost.overhead_origin}"]
         if layout.pp > 1:
@@ -258,6 +258,10 @@ class Searcher:
         ttft_budget = None if self.limits.ttft_ms is None else self.limits.ttft_ms - transfer_s * 1e3
         if ttft_budget is not None and ttft_budget <= 0:
             return None
+        need = self.w.input_tokens + self.w.output_tokens
+        if self.engine_limits(prefill)[1].kv_tokens < self.w.input_tokens or \
+                self.engine_limits(decode)[1].kv_tokens < need:
+            return None       # an instance that cannot hold one request (weights fill its memory)
         rate_p, state_p = self.prefill_capacity(prefill, ttft_budget)
         rate_d, running, tpot_s = self.decode_capacity(decode)
         if rate_p <= 0 or rate_d <= 0:

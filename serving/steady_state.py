@@ -223,22 +223,23 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return _walked(walk, result(top, False, limited), request_overhead_s, input_tokens, o, limited,
                        note + f": {load.requests} requests, the queue grows while they arrive")
     if load.kind == CONCURRENCY:
+        # closed loop: R x E2E(R) = C, where R x E2E grows with R; solved by bisection below saturation
         users = load.value
-        rate = 0.0
-        for _ in range(80):   # R = C / (E2E at R), damped
-            r = result(rate, True, "load") if rate > 0 else None
-            e2e = r.e2e_s["mean"] if r else (request_overhead_s + step(0, prompt)
-                                             + (o - 1) * step(1, 0))
-            new = users / e2e
-            if rate and abs(new - rate) <= 1e-6 * rate:
-                break
-            rate = 0.5 * (rate + new) if rate else new
-        ok, limited, _ = feasible(rate)
-        if ok:
-            return result(rate, True, "load")
         top = saturation()
-        queued = max(0.0, users - admit) / top      # users beyond what the engine admits wait their turn
-        return result(top, True, limited, ttft_extra=queued)
+        at_top = result(top * 0.999, True, "load")
+        if top * 0.999 * at_top.e2e_s["mean"] <= users:
+            # more users than the engine serves at once: the extra ones wait for a slot
+            _, limited, _ = feasible(top * 1.01)
+            queued = max(0.0, users - top * at_top.e2e_s["mean"]) / top
+            return result(top * 0.999, True, limited, ttft_extra=queued)
+        lo, hi = 0.0, top * 0.999
+        while hi - lo > 1e-5 * hi:
+            mid = (lo + hi) / 2
+            if mid * result(mid, True, "load").e2e_s["mean"] < users:
+                lo = mid
+            else:
+                hi = mid
+        return result(lo, True, "load")
     # maximum throughput: as many running as the engine admits, the rest queued
     top = saturation()
     _, limited, _ = feasible(top * 1.01)

@@ -19,7 +19,7 @@ MAX_SIZE = 10**7          # hidden, intermediate, vocab, head_dim: far above any
 MAX_EXPERTS = 1 << 16
 
 # each fact under the names configs use for it (HF's own, then older or remote-code spellings)
-LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers")   # decoder_layers: encoder-decoder models
 HEADS = ("num_attention_heads", "n_head", "n_heads")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
 HIDDEN = ("hidden_size", "n_embd", "d_model")
