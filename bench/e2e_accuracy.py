@@ -60,7 +60,11 @@ def table(errs: dict) -> str:
 def predict_all(runs, predictor: Predictor, overheads: ServingOverheads | None = None, progress: bool = True):
     out, t0 = [], time.time()
     for i, run in enumerate(runs):
-        pred, _ = predictor.predict(run, overheads)
+        try:
+            pred, _ = predictor.predict(run, overheads)
+        except (ValueError, RuntimeError) as e:      # a row tracecost cannot price: reported, never hidden
+            print(f"{run.id}: not predicted: {e}", file=sys.stderr)
+            continue
         out.append((run, pred))
         if progress and sys.stderr.isatty():
             print(f"\r{i + 1}/{len(runs)} rows, {time.time() - t0:.0f} s", end="", file=sys.stderr, flush=True)
