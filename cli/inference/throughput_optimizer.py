@@ -14,11 +14,11 @@ effective input length over the cached prefix, decode on the original lengths.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 
 from cost.engines import ENGINES
+from cost.layout_checks import Layout as CheckedLayout, ModelFacts, check_layout
 from cost.profile import load_profile
 from serving.layouts import LayoutSpace, layouts
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
@@ -31,8 +31,8 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, hit_rate, model_spec, positive_int,
-                      run_main, trace_options, warn)
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, dumps_strict, hit_rate, model_spec,
+                      positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
 from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
@@ -107,6 +107,11 @@ def optimize(args, on_progress=None) -> dict:
     if not plan:
         raise InputError("no layout to search: " + "; ".join(f"{k}: {v}" for k, v in refused.items())
                          if refused else f"no layout of {num_devices} devices fits the given sizes")
+    # per-layout rules are applied above; this states what holds for every layout (lengths beyond the context)
+    report = check_layout(ModelFacts.from_config(spec.config, spec.name), CheckedLayout(devices=num_devices),
+                          shapes.input_length + shapes.output_length)
+    for message in report.warnings:
+        warn(message)
     load = _load(args)
     modes = [MIXED, DISAGG] if args.mode == "both" else [args.mode]
     candidates: list[Candidate] = []
@@ -157,7 +162,7 @@ def optimize(args, on_progress=None) -> dict:
         "limits": {"ttft_ms": args.ttft_limit, "tpot_ms": args.tpot_limit, "ttft_stat": args.limit_stat},
         "best": _candidate_json(feasible[0], shapes) if feasible else {},
         "candidates": [_candidate_json(c, shapes) for c in ranked[:args.top]],
-        "evaluated": len(candidates), "refused_layouts": refused,
+        "evaluated": len(candidates), "refused_layouts": refused, "warnings": list(report.warnings),
         "pareto": {("none" if rate is None else f"{rate:g}"): [p.as_json() for p in frontier(group)]
                    for rate, group in by_hit_rate(points).items()},
     }
@@ -287,7 +292,7 @@ def body(args) -> int:
             bar.set(done, total)
         result = optimize(args, on_progress)
     if args.json:
-        print(json.dumps(result, indent=1, allow_nan=False))
+        print(dumps_strict(result, indent=1))
     else:
         print(render(result))
         if "launch_command" in result:
@@ -316,6 +321,7 @@ def _fraction(text: str) -> float:
     return value
 
 
+@quiet_broken_pipe
 def main(argv=None) -> int:
     import argparse
 
