@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracer.work import Trace
+from serving.capacity import kv_heads, peak_activation_bytes  # one definition, shared with serving
 
 GB = 1e9
 
@@ -32,27 +33,9 @@ class MemoryEstimate:
         return out
 
 
-def kv_heads(trace: Trace) -> int:
-    return next((op.attention.kv_heads for op in trace.ops if op.attention is not None), 1)
-
-
 def kv_cache_bytes(trace: Trace, tokens: int, tp: int) -> float:
     """KV for `tokens` cached tokens on one device: KV heads shard over TP ranks, a single latent head does not."""
     return trace.kv_bytes_per_token * tokens / max(1, min(tp, kv_heads(trace)))
-
-
-def peak_activation_bytes(trace: Trace, tp: int) -> float:
-    """The largest working set of one op (inputs + outputs besides weights): what must be live at once."""
-    peak = 0.0
-    for op in trace.ops:
-        live = op.bytes - op.weight_bytes
-        if op.attention is not None:  # the KV it reads is cache, already counted
-            w = op.attention
-            live = w.batch * w.heads * w.query_length * (w.qk_head_dim + w.v_head_dim) * 2
-        if op.tp_sharded:
-            live /= tp
-        peak = max(peak, live)
-    return peak
 
 
 def state_cache_bytes(trace: Trace, sequences: int, tp: int) -> float:
