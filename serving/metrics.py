@@ -99,12 +99,12 @@ class SimResult:
             "hit_rate_by_tier": {"gpu": gpu_hits / max(1, prompt), "cpu": cpu_hits / max(1, prompt)},
             "reused_tokens": gpu_hits + cpu_hits, "prompt_tokens": prompt,
             "session_hit_rate": _sessions(recs),
-            "ttft_ms": _pcts([r.ttft_s for r in recs]),
-            "ttft_ms_hit": _pcts([r.ttft_s for r in recs if r.hit]),
-            "ttft_ms_miss": _pcts([r.ttft_s for r in recs if not r.hit]),
-            "tpot_ms": _pcts([r.tpot_s for r in recs if r.tpot_s is not None]),
+            "ttft_ms": latency_ms([r.ttft_s for r in recs]),
+            "ttft_ms_hit": latency_ms([r.ttft_s for r in recs if r.hit]),
+            "ttft_ms_miss": latency_ms([r.ttft_s for r in recs if not r.hit]),
+            "tpot_ms": latency_ms([r.tpot_s for r in recs if r.tpot_s is not None]),
             "itl_ms": _weighted_pcts(self.itl),
-            "e2e_ms": _pcts([r.e2e_s for r in recs]),
+            "e2e_ms": latency_ms([r.e2e_s for r in recs]),
             "computed_prefill_tokens_per_s": self.computed_prefill_tokens / span,
             "prompt_tokens_per_s": prompt / span,
             "output_tokens_per_s": sum(r.output_tokens for r in recs) / span,
@@ -139,16 +139,18 @@ class SimResult:
         }
 
 
-def _pct(values: list, p: float) -> float | None:
+def percentile(values: list, p: float) -> float | None:
+    """The p-th percentile by nearest rank (None for no values): the one rule every report here uses."""
     if not values:
         return None
     v = sorted(values)
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
 
 
-def _pcts(seconds: list) -> dict:
+def latency_ms(seconds: list) -> dict:
+    """Mean and p50/p90/p99 of latencies given in seconds, in ms."""
     ms = [x * 1e3 for x in seconds]
-    return {"requests": len(ms), "p50": _pct(ms, 50), "p90": _pct(ms, 90), "p99": _pct(ms, 99),
+    return {"requests": len(ms), "p50": percentile(ms, 50), "p90": percentile(ms, 90), "p99": percentile(ms, 99),
             "mean": statistics.fmean(ms) if ms else None}
 
 
@@ -184,7 +186,7 @@ def _sessions(recs) -> dict:
         acc[1] += r.prompt_tokens
     rates = [h / t for h, t in per.values()]
     return {"sessions": len(rates), "mean": statistics.fmean(rates) if rates else None,
-            "p10": _pct(rates, 10), "p50": _pct(rates, 50), "p90": _pct(rates, 90)}
+            "p10": percentile(rates, 10), "p50": percentile(rates, 50), "p90": percentile(rates, 90)}
 
 
 def _windows(recs, window_s: float | None) -> dict:
@@ -202,5 +204,5 @@ def _windows(recs, window_s: float | None) -> dict:
         points.append({"t_s": (k + 1) * window_s, "requests": len(rs),
                        "hit_rate": sum(r.gpu_hit_tokens + r.cpu_hit_tokens for r in rs)
                        / max(1, sum(r.prompt_tokens for r in rs)),
-                       "ttft_p50_ms": _pct([r.ttft_s * 1e3 for r in rs], 50)})
+                       "ttft_p50_ms": percentile([r.ttft_s * 1e3 for r in rs], 50)})
     return {"window_s": window_s, "points": points}

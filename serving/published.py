@@ -16,10 +16,8 @@ from cost.engines import ENGINES, ServingOverheads
 from cost.estimate import Parallelism
 from cost.profile import load_profile
 from tracer.model_source import resolve_model
-from tracer.trace import trace
-from tracer.work import Request, TraceOptions
+from tracer.work import TraceOptions
 
-from .capacity import replica_memory
 from .steady_state import MAX, RATE, Limits, Load, SteadyState, solve
 from .step_cost import StepCost
 
@@ -99,27 +97,15 @@ class Predictor:
 
     def __init__(self):
         self._costs: dict = {}
-        self._memory: dict = {}
 
     def cost(self, run: PublishedRun) -> StepCost:
         key = (run.model, run.device, run.engine, run.dtype, run.kv_dtype, run.tp)
         if key not in self._costs:
             spec, hw = resolve_model(run.model), load_profile(run.device)
             options = TraceOptions(dtype=run.dtype, kv_cache_dtype=run.kv_dtype)
-            moe = any(op.experts is not None for op in trace(spec, Request(1, 1, 1, decode=True), options).ops)
-            # TensorRT-LLM of these runs shards experts by TP (no EP), vLLM's default is the same
-            par = Parallelism(run.tp, 1 if not moe else 1)
-            self._costs[key] = StepCost(spec, hw, options, "engine", par, run.engine)
+            # the TensorRT-LLM runs of this set shard MoE experts by TP (no EP stated), as vLLM does by default
+            self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(run.tp), run.engine)
         return self._costs[key]
-
-    def kv_tokens(self, run: PublishedRun, cost: StepCost, reserve_gb: float) -> int:
-        key = (run.model, run.device, run.engine, run.dtype, run.kv_dtype, run.tp, run.memory_fraction, reserve_gb)
-        if key not in self._memory:
-            probe = trace(cost.spec, Request(1, cost.defaults.max_batched_tokens, 0), cost.options)
-            mem = replica_memory(probe, cost.hw, cost.defaults, reserve_gb, tp=run.tp,
-                                 memory_fraction=run.memory_fraction)
-            self._memory[key] = mem.kv_tokens
-        return self._memory[key]
 
     def predict(self, run: PublishedRun, overheads: ServingOverheads | None = None) -> tuple[dict, SteadyState]:
         cost = self.cost(run)
@@ -127,7 +113,8 @@ class Predictor:
             cost.overheads = overheads
         o = cost.overheads
         d = cost.defaults
-        limits = Limits(d.max_num_seqs, d.max_batched_tokens, self.kv_tokens(run, cost, o.reserve_gb),
+        kv_tokens = cost.replica_memory(d.max_batched_tokens, run.memory_fraction).kv_tokens
+        limits = Limits(d.max_num_seqs, d.max_batched_tokens, kv_tokens,
                         d.chunked_prefill)
         state = solve(cost.steady, run.isl, run.osl, 0, run.load, limits, o.request_ms * 1e-3)
         return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,

@@ -15,15 +15,15 @@ import math
 from dataclasses import dataclass, field, replace
 
 from cost.engines import ServingOverheads
-from cost.parallel import LayoutError
+from cost.parallel import LayoutError, nodes_spanned
 from cost.profile import HardwareProfile
 from tracer.model_source import ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
-from .capacity import ReplicaMemory, replica_memory
+from .capacity import ReplicaMemory
 from .layouts import Layout
-from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
+from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, admitted, solve
 from .step_cost import StepCost
 
 MIXED, DISAGG = "mixed", "disagg"
@@ -129,7 +129,6 @@ class Searcher:
         self.spec, self.hw, self.options, self.w, self.settings, self.limits = \
             spec, hw, options, workload, settings, limits
         self._costs: dict = {}
-        self._memory: dict = {}
 
     # -- one replica -------------------------------------------------------------------------------------------
     def cost(self, layout: Layout) -> StepCost:
@@ -144,12 +143,7 @@ class Searcher:
         d = cost.defaults
         seqs = self.settings.max_num_seqs or d.max_num_seqs
         budget = self.settings.max_batched_tokens or d.max_batched_tokens
-        key = (layout.parallelism, budget)
-        if key not in self._memory:
-            probe = trace(self.spec, Request(1, budget, 0), self.options)
-            self._memory[key] = replica_memory(probe, self.hw, d, cost.overheads.reserve_gb, layout.tp, layout.pp,
-                                               layout.ep, self.settings.memory_fraction)
-        mem = self._memory[key]
+        mem = cost.replica_memory(budget, self.settings.memory_fraction)
         # pipeline stages run pp micro-batches in flight: pp virtual engines, each with its share of the cache
         pp = layout.pp
         return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill,
@@ -238,7 +232,8 @@ class Searcher:
         cost = self.cost(layout)
         limits, _ = self.engine_limits(layout)
         ctx = self.w.input_tokens + self.w.output_tokens // 2
-        admit = max(1, min(limits.max_num_seqs, limits.kv_tokens // (self.w.input_tokens + self.w.output_tokens)))
+        # decode instances hold whole requests and ignore the prefix cache
+        admit = admitted(limits, self.w.input_tokens, self.w.output_tokens)
         best = (0.0, 0.0, cost.steady(1, 0, 1, 0, ctx))
         n = 1
         while n <= admit:
@@ -300,12 +295,12 @@ class Searcher:
         o = self.w.output_tokens
         gpus = p * prefill.gpus_per_replica + d * decode.gpus_per_replica
         why = self.limits.why_not(ttft, tpot)
-        _, mem_d = self.engine_limits(decode)
+        limits_d, mem_d = self.engine_limits(decode)
         decode_layout = replace(decode, dp=d)
         return Candidate(DISAGG, decode_layout, rate, running, ttft, tpot,
                          {k: v + (o - 1) * tpot for k, v in ttft.items()}, rate * o,
                          rate * (self.w.input_tokens + o), gpus, mem_d,
-                         self.engine_limits(decode)[0].max_num_seqs, limits_p.max_batched_tokens,
+                         limits_d.max_num_seqs, limits_p.max_batched_tokens,
                          mem_d.kv_tokens, "balanced pools", not why, why,
                          [f"KV transfer {transfer_s * 1e3:.2f} ms per request over {self.hw.interconnect_name}",
                           "decode instances ignore the prefix cache; prefill instances use it"],
@@ -314,7 +309,6 @@ class Searcher:
 
 def layout_error(layout: Layout, hw: HardwareProfile) -> str | None:
     try:
-        from cost.parallel import nodes_spanned
         nodes_spanned(layout.gpus_per_replica if not layout.attention_dp else layout.gpus, hw)
     except LayoutError as e:
         return str(e)

@@ -20,7 +20,10 @@ admits at most max_num_seqs requests and as many as its KV cache holds.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
+
+from .metrics import percentile
 
 RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
 
@@ -88,6 +91,15 @@ def _waiting_quantiles(mean: float, busy: float) -> dict:
     return out
 
 
+def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
+             shared_prefix_kv: bool = False) -> int:
+    """Requests an engine runs at once: max_num_seqs, or as many whole requests (input + output KV, and any
+    recurrent state) as its cache holds; a shared prefix counts once."""
+    shared = cached_tokens if shared_prefix_kv else 0
+    kv_per_request = (input_tokens + output_tokens - shared if limits.attention_kv else 0) + limits.state_tokens
+    return max(1, min(limits.max_num_seqs, max(0, limits.kv_tokens - shared) // max(1, kv_per_request)))
+
+
 def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load: Load, limits: Limits,
           request_overhead_s: float = 0.0, shared_prefix_kv: bool = False) -> SteadyState:
     """`step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context)`: seconds of one engine step
@@ -96,9 +108,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     prompt = max(1, input_tokens - cached_tokens)
     o = max(1, output_tokens)
     ctx_decode = input_tokens + o // 2
-    shared = cached_tokens if shared_prefix_kv else 0
-    kv_per_request = (input_tokens + o - shared if limits.attention_kv else 0) + limits.state_tokens
-    admit = max(1, min(limits.max_num_seqs, max(0, limits.kv_tokens - shared) // max(1, kv_per_request)))
+    admit = admitted(limits, input_tokens, o, cached_tokens, shared_prefix_kv)
     budget = limits.max_batched_tokens
     # prompts are prefilled in chunks of up to the budget, each over the cached prefix and earlier chunks
     chunk = min(prompt, budget) if limits.chunked_prefill else prompt
@@ -266,9 +276,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 def _walked(walk, steady: SteadyState, overhead_s: float, input_tokens: int, o: int, limited: str,
             note: str) -> SteadyState:
     waits, tpot, makespan = walk
-    ttft = sorted(overhead_s + w for w in waits)
-    q = {"mean": sum(ttft) / len(ttft), **{f"p{k}": ttft[min(len(ttft) - 1, round(k / 100 * (len(ttft) - 1)))]
-                                           for k in (50, 90, 99)}}
+    ttft = [overhead_s + w for w in waits]
+    q = {"mean": sum(ttft) / len(ttft), **{f"p{k}": percentile(ttft, k) for k in (50, 90, 99)}}
     rate = len(waits) / makespan
     return SteadyState(True, rate, steady.running, steady.step_s, q, tpot,
                        {k: v + (o - 1) * tpot for k, v in q.items()}, rate * o,
@@ -281,7 +290,6 @@ def _walk(step, arrivals: list[float], prompt: int, output: int, admit: int, bud
     for its first token, mean TPOT, makespan from the first arrival to the last token). Each step fills the
     token budget with the running requests' decodes, then with prefill of the admitted prompts in order;
     at most `admit` requests run (prefilling or decoding) at once."""
-    from collections import deque
     n = len(arrivals)
     t = arrivals[0]
     waiting: deque = deque()       # arrival times, not yet admitted

@@ -21,6 +21,8 @@ from tracer.model_source import ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
+from .capacity import ReplicaMemory, replica_memory
+
 
 def _pow2_at_least(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
@@ -48,6 +50,7 @@ class StepCost:
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
         self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
         self._sampled: dict = {}     # rows -> sampling seconds
+        self._memory: dict = {}      # (step tokens, memory fraction, reserve) -> ReplicaMemory
         self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
 
     def _parts(self, request: Request) -> tuple[float, float]:
@@ -72,15 +75,7 @@ class StepCost:
             return 0.0
         t = self._linear.get(tokens)
         if t is None:
-            hi = _pow2_at_least(tokens)
-            lo = max(1, hi // 2)
-            t_hi = self._parts(Request(1, hi, 0))[0]
-            if hi == lo or tokens == hi:
-                t = t_hi
-            else:
-                t_lo = self._parts(Request(1, lo, 0))[0]
-                t = t_lo + (t_hi - t_lo) * (tokens - lo) / (hi - lo)
-            self._linear[tokens] = t
+            t = self._linear[tokens] = _pow2_lerp(lambda n: self._parts(Request(1, n, 0))[0], tokens)
         return t
 
     def _per_token_prefill(self, tokens_bucket: int, context_bucket: int, seqs_bucket: int = 1) -> float:
@@ -96,23 +91,13 @@ class StepCost:
         (engines batch a step's prompts into one varlen kernel, so its fixed cost is paid once): the per-token
         cost interpolated linearly in the context and in the sequence count between power-of-two shapes."""
         tb = _pow2_at_least(max(1, round(tokens)))
-        k = max(1.0, sequences)
-        k_hi = _pow2_at_least(math.ceil(k))
-        k_lo = max(1, k_hi // 2)
 
         def at_context(kb: int) -> float:
             if context <= 0:
                 return self._per_token_prefill(tb, 0, kb)
-            hi = _pow2_at_least(int(math.ceil(context)))
-            lo = hi // 2 if hi > 1 else 0
-            t_hi, t_lo = self._per_token_prefill(tb, hi, kb), self._per_token_prefill(tb, lo, kb)
-            return t_lo + (t_hi - t_lo) * (context - lo) / (hi - lo)
+            return _pow2_lerp(lambda cb: self._per_token_prefill(tb, cb, kb), context, lowest=0)
 
-        per_token = at_context(k_hi)
-        if k_hi != k_lo and k < k_hi:
-            low = at_context(k_lo)
-            per_token = low + (per_token - low) * (k - k_lo) / (k_hi - k_lo)
-        return per_token * tokens * sequences
+        return _pow2_lerp(at_context, max(1.0, sequences)) * tokens * sequences
 
     def decode_attention(self, batch: int, context: int) -> float:
         """Decode attention per sequence, interpolated linearly in the context between power-of-two shapes."""
@@ -121,18 +106,12 @@ class StepCost:
         bb = _pow2_at_least(batch)
 
         def per_seq(ctx: int) -> float:
-            key = (bb, ctx)
-            v = self._decode.get(key)
+            v = self._decode.get((bb, ctx))
             if v is None:
-                v = self._decode[key] = self._parts(Request(bb, 1, ctx, decode=True))[1] / bb
+                v = self._decode[(bb, ctx)] = self._parts(Request(bb, 1, ctx, decode=True))[1] / bb
             return v
 
-        context = max(1, context)
-        hi = _pow2_at_least(int(math.ceil(context)))
-        lo = max(1, hi // 2)
-        if hi == lo or context == hi:
-            return per_seq(hi) * batch
-        return (per_seq(lo) + (per_seq(hi) - per_seq(lo)) * (context - lo) / (hi - lo)) * batch
+        return _pow2_lerp(per_seq, max(1, context)) * batch
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)
@@ -141,17 +120,32 @@ class StepCost:
             tokens += chunk_tokens
             attention += self.prefill_attention(chunk_tokens / len(chunks), sum(c for _, c in chunks) / len(chunks),
                                                 len(chunks))
-        kernels = self.linear(tokens) + attention
-        if self.par.pp > 1:
-            kernels = kernels * self.stage_factor + self.par.pp * self.stage_send_s(tokens)
+        kernels = self._staged(self.linear(tokens) + attention, tokens)
         return kernels + self.beyond_kernels(decode_batch + len(chunks), tokens, kernels,
                                              decode_only=not chunks)
+
+    def replica_memory(self, max_batched_tokens: int, memory_fraction: float | None = None) -> ReplicaMemory:
+        """Memory of one replica of this layout under the engine's budget (serving/capacity.py); activations
+        from its largest step, `max_batched_tokens` tokens."""
+        key = (max_batched_tokens, memory_fraction, self.overheads.reserve_gb)
+        mem = self._memory.get(key)
+        if mem is None:
+            probe = trace(self.spec, Request(1, max_batched_tokens, 0), self.options)
+            mem = self._memory[key] = replica_memory(probe, self.hw, self.defaults, self.overheads.reserve_gb,
+                                                     self.par.tp, self.par.pp, self.par.ep, memory_fraction)
+        return mem
 
     def _sampling(self, rows: int) -> float:
         t = self._sampled.get(rows)
         if t is None:
             t = self._sampled[rows] = sampling_seconds(rows, self.vocab, self.hw, self.engine)
         return t
+
+    def _staged(self, kernels_s: float, tokens: float) -> float:
+        """A step's kernels as a pipeline runs them: at the slowest stage's pace, plus the sends between stages."""
+        if self.par.pp == 1:
+            return kernels_s
+        return kernels_s * self.stage_factor + self.par.pp * self.stage_send_s(tokens)
 
     @property
     def stage_factor(self) -> float:
@@ -191,10 +185,19 @@ class StepCost:
         attention = _lerp(lambda b: self.decode_attention(b, round(decode_context)), decoding) if decoding else 0.0
         if prefill_tokens > 0:
             attention += self.prefill_attention(chunk_tokens, chunk_context, prefill_tokens / chunk_tokens)
-        kernels = _lerp(self.linear, tokens) + attention
-        if self.par.pp > 1:
-            kernels = kernels * self.stage_factor + self.par.pp * self.stage_send_s(tokens)
+        kernels = self._staged(_lerp(self.linear, tokens) + attention, tokens)
         return kernels + self.beyond_kernels(sequences, math.ceil(tokens), kernels, decode_only=prefill_tokens <= 0)
+
+
+def _pow2_lerp(f, x: float, lowest: int = 1) -> float:
+    """f at x, linear between the powers of two around it (below 1: between `lowest` and 1); f is only
+    evaluated at those bucket points, so each is traced and priced once."""
+    hi = _pow2_at_least(math.ceil(x))
+    lo = hi // 2 if hi > 1 else lowest
+    if lo == hi or x >= hi:
+        return f(hi)
+    f_lo = f(lo)
+    return f_lo + (f(hi) - f_lo) * (x - lo) / (hi - lo)
 
 
 def _lerp(f, x: float) -> float:

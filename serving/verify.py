@@ -8,6 +8,7 @@ import random
 
 from .arrivals import ClosedLoopArrivals
 from .layouts import Layout
+from .metrics import latency_ms
 from .search import Candidate, Searcher
 from .simulator import ServerConfig, simulate
 from .steady_state import CONCURRENCY, MAX, Load
@@ -55,12 +56,9 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
     # the first and last stretches of a finite run are not the steady state: latencies of the middle 80%
     recs = sorted(result.records, key=lambda r: r.arrival_s)
     middle = recs[len(recs) // 10: len(recs) - len(recs) // 10] or recs
-    ttft = sorted(r.ttft_s * 1e3 for r in middle)
-    tpots = [r.tpot_s * 1e3 for r in middle if r.tpot_s is not None]
-    return {"requests": n, "ttft_ms": {"mean": sum(ttft) / len(ttft),
-                                       **{f"p{q}": ttft[min(len(ttft) - 1, int(q / 100 * len(ttft)))]
-                                          for q in (50, 90, 99)}},
-            "tpot_ms": sum(tpots) / len(tpots) if tpots else 0.0,
+    tpots = [r.tpot_s for r in middle if r.tpot_s is not None]
+    return {"requests": n, "ttft_ms": latency_ms([r.ttft_s for r in middle]),
+            "tpot_ms": latency_ms(tpots)["mean"] if tpots else 0.0,
             "output_tokens_per_s": summary["output_tokens_per_s"], "hit_rate": summary["hit_rate"],
             "preemptions": summary["preemptions"]["count"]}
 
