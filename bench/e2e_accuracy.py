@@ -1,7 +1,7 @@
 """End-to-end serving accuracy against published serving runs (the development set).
 
     python bench/e2e_accuracy.py [--data ../shared/measurements/e2e/published.jsonl] [--json] [--rows]
-        [--sample K] [--overheads fitted|defaults]
+        [--sample K] [--device D] [--precision P] [--overheads fitted|defaults]
 
 Each row is mapped to a tracecost setup (serving/published.py: same model, GPU, engine, precision, KV dtype,
 layout, lengths and load) and predicted with the steady-state serving model: open-loop rows at their
@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default=str(DEFAULT_DATA), help="published.jsonl (default: the shared dev set)")
     p.add_argument("--sample", type=int, default=0, help="every K-th row only (quick checks)")
+    p.add_argument("--device", default=None, help="only rows on this tracecost device (e.g. h100)")
+    p.add_argument("--precision", default=None, help="only rows of this weight precision (e.g. fp8)")
     p.add_argument("--overheads", default="fitted", choices=["fitted", "defaults"],
                    help="engine overheads: the fitted ones (cost/engine_serving.json) or the unfitted defaults")
     p.add_argument("--rows", action="store_true", help="also print every row's prediction")
@@ -87,6 +89,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     runs, skipped = load_published(args.data)
+    runs = [r for r in runs if (args.device is None or r.device == args.device)
+            and (args.precision is None or r.dtype == args.precision)]
     if args.sample > 1:
         runs = runs[::args.sample]
     t0 = time.time()

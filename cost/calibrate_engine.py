@@ -25,9 +25,10 @@ def split(n: int, seed: int = 0, fraction: float = 0.5) -> np.ndarray:
     return np.random.default_rng(seed).random(n) < fraction
 
 
-def least_squares_fit(initial, predict, measured: np.ndarray):
+def least_squares_fit(initial, predict, measured: np.ndarray, restarts=()):
     """Parameters minimizing a robust (soft-L1, ~10% scale) loss of log(predicted / measured), within bounds.
-    Parameters that act in steps (declared with a grid) are tried at each grid point; the best fit wins."""
+    Parameters that act in steps (declared with a grid) are tried at each grid point, from `initial` and from
+    each of `restarts` (a previous fit can sit in a local minimum the defaults avoid); the best fit wins."""
     from itertools import product
 
     from scipy.optimize import least_squares
@@ -42,8 +43,8 @@ def least_squares_fit(initial, predict, measured: np.ndarray):
         return np.where(np.isfinite(r), r, 10.0)
 
     best, best_cost = initial, np.inf
-    for point in product(*grids.values()) if grids else [()]:
-        start = replace(initial, **dict(zip(grids, point))).vector()
+    for origin, point in product([initial, *restarts], product(*grids.values()) if grids else [()]):
+        start = replace(origin, **dict(zip(grids, point))).vector()
         lo, hi = low.copy(), high.copy()
         for name, value in zip(grids, point):  # a grid parameter stays at its grid value
             i = names.index(name)
@@ -113,8 +114,9 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
                 continue
             rows = [t.rows[i] for i in fit_index]
             start = _start(key, base)
+            fresh = type(start)()
             params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
-                                       t.seconds[fit_index])
+                                       t.seconds[fit_index], restarts=() if fresh == start else (fresh,))
             _store(sections, key, params)
             say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
     return replace(cal, gemm=sections["gemm"], prefill_attention=sections["prefill_attention"],

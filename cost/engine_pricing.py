@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .engine_kernels import (EngineCalibration, Times, decode_attention_time, moe_time, prefill_attention_time,
                              routing_stats, stream_time)
+from .engines import ENGINES
 from .execution import Kernel
 from .kernel_rows import WEIGHT_FORMATS, attention_model, gemm_rows_time
 from .kernels import KernelTime
@@ -33,8 +34,10 @@ def _weight_format(weight_dtype: str) -> str:
 
 def gemm_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, weight_dtype: str) -> KernelTime:
     g = k.gemm
+    fmt = _weight_format(weight_dtype)
+    fused = fmt in ENGINES[cal.engine].fused_activation_quant
     # a batched GEMM (MLA's per-head absorption) has a weight per batch entry: as wide as all of them
-    return _kernel_time(gemm_rows_time(cal, hw, _weight_format(weight_dtype), g.m, g.n * max(1, g.batch), g.k, True))
+    return _kernel_time(gemm_rows_time(cal, hw, fmt, g.m, g.n * max(1, g.batch), g.k, True, quant_fused=fused))
 
 
 def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
@@ -49,7 +52,7 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
     else:
         p = attention_model(cal.prefill_attention, kv_format, window > 0, "prefill attention KV format", cal)
         t = prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
-                                   w.batch, w.query_length, w.context_length, w.heads, w.kv_heads, w.qk_head_dim,
+                                   hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.kv_heads, w.qk_head_dim,
                                    w.v_head_dim, window=window, kv_bytes=1.0 if kv_format == "fp8" else 2.0)
     return _kernel_time(t)
 

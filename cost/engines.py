@@ -35,6 +35,9 @@ class Engine:
     # GPU counts the custom all-reduce supports; on PCIe-only machines it serves at most two GPUs
     custom_allreduce_gpus: tuple[int, ...] = (2, 4, 6, 8)
     pcie_custom_allreduce_max_gpus: int = 2
+    # GEMM formats whose activation quantization the engine fuses into the kernel before the GEMM (the norm,
+    # the activation, attention's output) instead of running a quantization kernel per GEMM
+    fused_activation_quant: tuple[str, ...] = ()
 
     def serving_defaults(self, memory_gb: float, device_name: str) -> ServingDefaults:
         big = memory_gb >= 70 and "a100" not in device_name.lower()
@@ -57,7 +60,10 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "vllm": Engine("vllm", "vLLM", custom_allreduce_max_bytes=8 * 2**20),
     "sglang": Engine("sglang", "SGLang", custom_allreduce_max_bytes=8 * 2**20),
-    "trtllm": Engine("trtllm", "TensorRT-LLM", custom_allreduce_max_bytes=8 * 2**20),
+    # TensorRT-LLM's FP8 checkpoints (ModelOpt) carry static activation scales: RMSNorm, SwiGLU and the attention
+    # kernels write FP8 directly
+    "trtllm": Engine("trtllm", "TensorRT-LLM", custom_allreduce_max_bytes=8 * 2**20,
+                     fused_activation_quant=("fp8",)),
 }
 DEFAULT_ENGINE = "vllm"
 

@@ -130,10 +130,13 @@ def engine_allreduce_seconds(nbytes: float, gpus: int, hw: HardwareProfile, engi
         return engine_allreduce_seconds(nbytes, hw.gpus_per_node, hw, engine, notes) + \
             cross_node_all_reduce_seconds(nbytes, gpus, hw)
     spec = ENGINES[engine]
-    nvlink = "nvlink" in hw.interconnect_name.lower()
     custom = (nbytes <= spec.custom_allreduce_max_bytes and gpus in spec.custom_allreduce_gpus
-              and (nvlink or gpus <= spec.pcie_custom_allreduce_max_gpus))
+              and (not hw.pcie_only or gpus <= spec.pcie_custom_allreduce_max_gpus))
     curves = hw.engine(engine).allreduce
+    if notes is not None and hw.topologies and not hw.topology and gpus > 2:
+        notes.append(f"all-reduce over {gpus} GPUs priced on the topology the kernel tables were measured on "
+                     f"({hw.interconnect_name}); other servers: "
+                     + ", ".join(f"--device {hw.key}:{t}" for t in hw.topologies))
     for impl in (("custom", "nccl") if custom else ("nccl",)):
         if impl in curves:
             curve, fitted_gpus = nearest_curve(curves[impl], gpus)

@@ -154,13 +154,16 @@ def _need(table: dict, key: str, what: str, cal: EngineCalibration):
     return table[key]
 
 
-def gemm_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, m, n, k, cold, params=None) -> Times:
+def gemm_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, m, n, k, cold, params=None,
+                   quant_fused: bool = False) -> Times:
+    """`quant_fused`: the activations arrive quantized (an engine fusing it into the previous kernel), so
+    the quantization passes the tables time with the GEMM are left out."""
     weight_bytes, compute_dtype, quant_bytes = WEIGHT_FORMATS[dtype]
     p = params or _need(cal.gemm, dtype, "GEMM format", cal)
     copies = np.where(cold, 0.0, TABLE_WEIGHT_COPIES.get(dtype, 1))
     t = gemm_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, hw.l2_bytes, m, n, k,
                   act_bytes=quant_bytes or 2.0, weight_bytes=weight_bytes, resident_weight_copies=copies)
-    if quant_bytes is None:
+    if quant_bytes is None or quant_fused:
         return t
     q = quant_time(cal.quant, hw.bandwidth, hw.l2_bytes, m, k, quant_bytes=quant_bytes)
     passes = p.quant_passes
@@ -186,7 +189,7 @@ def attention_rows_time(cal: EngineCalibration, hw: HardwareProfile, phase: str,
                                      head_dim, window=window, kv_bytes=kv_bytes, resident=~np.asarray(cold, bool))
     p = params or attention_model(cal.prefill_attention, kv_dtype, windowed, "prefill attention KV format", cal)
     return prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
-                                  batch, query, context, heads, kv_heads, head_dim, window=window, kv_bytes=kv_bytes)
+                                  hw.l2_bytes, batch, query, context, heads, kv_heads, head_dim, window=window, kv_bytes=kv_bytes)
 
 
 def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows: list[MoeRow], params=None) -> Times:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
-from .engine_kernels import EngineCalibration, parse_calibration
+from .engine_kernels import CollectiveCurve, EngineCalibration, parse_calibration
 from .engines import DEFAULT_ENGINE, ENGINES
 from .profile_schema import ProfileFile, ProfileSchemaError, validate_efficiency, validate_profile
 
@@ -83,12 +83,19 @@ class HardwareProfile:
     scale_out_bandwidth_gbps: float = 0.0    # per GPU, per direction
     scale_out_latency_us: float = 0.0
     engines_data: dict = field(default_factory=dict, compare=False, repr=False)   # the raw `engines` section
+    topologies: dict = field(default_factory=dict, compare=False, repr=False)     # name -> schema Topology
+    topology: str = ""            # the topology this profile was loaded with ("" : the measured one)
 
     @property
     def memory_bytes(self) -> float:
         """Device memory in bytes. Datasheet capacities ("80 GB", "141 GB") are binary: an H100 80GB reports
         81,559 MiB and an H200 143,771 MiB in nvidia-smi, so a datasheet GB is taken as GiB."""
         return self.memory_capacity_gb * 2**30
+
+    @property
+    def pcie_only(self) -> bool:
+        """GPUs reach each other over PCIe alone (no NVLink, Infinity Fabric or HCCS)."""
+        return self.interconnect_name.lower().startswith("pcie")
 
     @property
     def l2_bytes(self) -> float:
@@ -100,6 +107,8 @@ class HardwareProfile:
         if cached is None:
             raw = self.engines_data if self.engines_data else ({"from": "h100"} if self.key != "h100" else {})
             cached = _engines(raw, self.path or self.key, seen + (self.key,))
+            if self.topology:
+                cached = _with_allreduce(cached, self.topologies[self.topology], self.path)
             _ENGINE_CACHE[self.path or self.key] = cached
         return cached
 
@@ -131,6 +140,34 @@ class HardwareProfile:
     @property
     def bandwidth(self) -> float:
         return self.memory_bandwidth_gbps * 1e9
+
+
+def _with_allreduce(cals: dict[str, EngineCalibration], topology, where: str) -> dict[str, EngineCalibration]:
+    """Every engine's all-reduce curves replaced, GPU count by GPU count, by the topology's."""
+    curves = {}
+    for impl, by_gpus in topology.allreduce.items():
+        for n, curve in by_gpus.items():
+            if not n.isdigit() or int(n) < 2:
+                raise ProfileError(f"{where}: topology all-reduce '{impl}': GPU count '{n}' must be an integer >= 2")
+            try:
+                curves.setdefault(impl, {})[int(n)] = CollectiveCurve.from_json(curve, f"{where}.allreduce.{impl}.{n}")
+            except ValueError as e:
+                raise ProfileError(str(e)) from None
+    return {name: replace(cal, allreduce={impl: {**cal.allreduce.get(impl, {}), **curves.get(impl, {})}
+                                          for impl in {*cal.allreduce, *curves}})
+            for name, cal in cals.items()}
+
+
+def with_topology(profile: HardwareProfile, name: str) -> HardwareProfile:
+    """The profile with one of its named topologies (another way of joining the same GPUs in a server)."""
+    if name not in profile.topologies:
+        known = ", ".join(f"{profile.key}:{t}" for t in profile.topologies) or "none"
+        raise ProfileError(f"{profile.key} has no topology '{name}' (has: {known})")
+    t = profile.topologies[name]
+    return replace(profile, key=f"{profile.key}:{name}", path=f"{profile.path}:{name}", topology=name,
+                   name=f"{profile.name} ({name})", interconnect_name=t.interconnect.name,
+                   interconnect_bandwidth_gbps=t.interconnect.bandwidth_gbps,
+                   interconnect_latency_us=t.interconnect.latency_us)
 
 
 def profiles_dir() -> Path:
@@ -208,7 +245,7 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         interconnect_latency_us=f.interconnect.latency_us, host_link_name=f.host_link.name,
         host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,
         efficiency=_efficiency(f.efficiency, where, seen), sources=dict(f.sources), path=where,
-        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, **_scale_out(f))
+        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies), **_scale_out(f))
 
 
 def _scale_out(f: ProfileFile) -> dict:
@@ -241,8 +278,13 @@ _ENGINE_CACHE: dict[str, dict[str, EngineCalibration]] = {}
 
 
 def load_profile(device: str, seen: tuple = ()) -> HardwareProfile:
-    """A bundled profile by name or alias (case-insensitive), or a path to a profile JSON."""
+    """A bundled profile by name or alias (case-insensitive), or a path to a profile JSON; "NAME:TOPOLOGY"
+    takes one of its named topologies."""
     if device in _CACHE:
+        return _CACHE[device]
+    base, _, topology = device.rpartition(":") if ":" in device and not Path(device).is_file() else (device, "", "")
+    if topology:
+        _CACHE[device] = with_topology(load_profile(base, seen), topology)
         return _CACHE[device]
     path = Path(device).expanduser()
     if device.endswith(".json") or path.is_file():

@@ -105,6 +105,13 @@ class Inherited(_Section):
     from_: StrictStr = Field(alias="from", min_length=1)
 
 
+class Topology(_Section):
+    """A way the same GPUs may be joined in a server other than the one the engine curves were measured on."""
+    description: StrictStr = Field(min_length=1)
+    interconnect: Link
+    allreduce: dict[StrictStr, dict[StrictStr, Any]] = Field(min_length=1)  # impl -> GPUs -> curve (checked later)
+
+
 class ProfileFile(_Section):
     name: StrictStr = Field(min_length=1)
     aliases: list[StrictStr] = []
@@ -120,6 +127,7 @@ class ProfileFile(_Section):
     kernel_launch_us: PositiveMicroseconds
     efficiency: dict[StrictStr, Any] | None = None     # Inherited or EfficiencySchema: checked in validate_profile
     engines: dict[StrictStr, Any] = {}                  # shape checked in validate_profile
+    topologies: dict[StrictStr, Topology] = {}          # named alternatives: load as "DEVICE:TOPOLOGY"
     sources: dict[StrictStr, StrictStr] = {}
 
     @field_validator("vector_tflops")

@@ -8,6 +8,7 @@ map (a model it does not bundle, a layout it does not price) are skipped with th
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +25,10 @@ from .step_cost import StepCost
 MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
           "meta-llama/Llama-3.1-405B-Instruct": "llama-3.1-405b", "mistralai/Mistral-7B-Instruct-v0.3": "mistral-7b",
           "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b", "mistralai/Mixtral-8x22B-Instruct-v0.1": "mixtral-8x22b"}
-DEVICES = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100", "L40S-48GB": "l40s",
-           "B200-SXM-180GB": "b200"}
+# NVIDIA's L40S runs reach every GPU peer-to-peer (their TP4/TP8 throughput is out of reach at the 4/8-GPU
+# bandwidth of the server the kernel tables were measured on): hw_profiles/l40s.json, topology pcie-switch
+DEVICES = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100",
+           "L40S-48GB": "l40s:pcie-switch", "B200-SXM-180GB": "b200"}
 ENGINE_NAMES = {"tensorrt-llm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
 METRICS = ("ttft_ms", "tpot_ms", "output_tok_s")
 
@@ -45,6 +48,7 @@ class PublishedRun:
     load: Load
     memory_fraction: float | None
     measured: dict = field(default_factory=dict)     # ttft_ms, tpot_ms, output_tok_s (what the row reports)
+    trtllm_bench: bool = False   # the engine was built by trtllm-bench, which sizes its limits from the dataset
 
 
 def _engine(text: str) -> str | None:
@@ -88,8 +92,21 @@ def load_published(path: str) -> tuple[list[PublishedRun], list[tuple[str, str]]
             measured["output_tok_s"] = r["output_tok_s"]
         runs.append(PublishedRun(r["id"], r["source_kind"], model, device, engine, dtype, r.get("kv_cache_dtype"),
                                  int(r["tp"]), int(r["isl"]), int(r["osl"]), load,
-                                 float(fraction.group(1)) if fraction else None, measured))
+                                 float(fraction.group(1)) if fraction else None, measured,
+                                 "trtllm-bench" in (r.get("engine_flags") or "")))
     return runs, skipped
+
+
+def trtllm_bench_limits(kv_tokens: int, isl: int, osl: int) -> tuple[int, int]:
+    """The (max batch size, max num tokens) trtllm-bench builds an engine with for a dataset of isl/osl
+    requests (tensorrt_llm/bench/build/tuning.py): as many requests as the KV cache holds at isl + osl tokens
+    (at most 4096), the tokens a step needs to keep them fed (at most 32768), both rounded up to coarse steps."""
+    requests = min(kv_tokens / (isl + osl), 4096)
+    tokens = min(requests * (1 + isl / osl), 32768)
+    step = 32 if requests < 256 else 128 if requests < 1024 else 256
+    seqs = max(64, step * math.ceil(requests / step)) if requests < 256 else step * math.ceil(requests / step)
+    step = 256 if tokens < 4096 else 512 if tokens < 8192 else 1024
+    return seqs, max(2048, step * math.ceil(tokens / step))
 
 
 class Predictor:
@@ -114,8 +131,11 @@ class Predictor:
         o = cost.overheads
         d = cost.defaults
         kv_tokens = cost.replica_memory(d.max_batched_tokens, run.memory_fraction).kv_tokens
-        limits = Limits(d.max_num_seqs, d.max_batched_tokens, kv_tokens,
-                        d.chunked_prefill)
+        limits = Limits(d.max_num_seqs, d.max_batched_tokens, kv_tokens, d.chunked_prefill)
+        if run.trtllm_bench:
+            seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
+            kv_tokens = cost.replica_memory(tokens, run.memory_fraction).kv_tokens
+            limits = Limits(seqs, tokens, kv_tokens, d.chunked_prefill or tokens < run.isl)
         state = solve(cost.steady, run.isl, run.osl, 0, run.load, limits, o.request_ms * 1e-3)
         return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
                 "output_tok_s": state.output_tokens_per_s}, state

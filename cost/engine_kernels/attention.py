@@ -10,9 +10,14 @@ and every wave of CTAs pays a fixed prologue/epilogue:
     compute = max(total tiles / units, longest CTA) x tile time + waves x CTA latency
     time    = fixed + soft_max(compute, bytes / bandwidth)
 
+(the share of the fresh Q, K, V and O that fits in L2 streams from it, `l2_speedup` times faster)
+
 Decode: one CTA per (sequence, KV head), its keys split over more CTAs when the batch is small:
 
     time = fixed + soft_max(waves x CTA latency, KV bytes / (bandwidth x parallelism))
+
+(`fixed` adds the combine kernel when keys are split, and on some engines a strided-layout cost once both
+the batch and the KV heads exceed one)
 
 Each KV-cache format has its own fitted parameters (engines run different kernels for fp8 KV, and
 Hopper's dequantize on the fly, streaming fp8 bytes far below the bf16 rate: halving the bytes does
@@ -44,6 +49,8 @@ class PrefillAttentionParams(ParamSet):
     write_memory: float = param(0.5, 0.01, 1.0, "fraction of HBM bandwidth writing new K/V into the paged cache")
     write_token_ns: float = param(1.0, 0.0, 200.0, "paged-cache write per (token, KV head), ns")
     kv_load: float = param(2.0, 0.05, 20.0, "bandwidth of the CTAs' K/V tile loads (mostly L2 hits) over HBM's")
+    l2_speedup: float = param(1.0, 1.0, 8.0, "bandwidth of L2-resident fresh Q/K/V/O over HBM's")
+    l2_fraction: float = param(0.6, 0.05, 1.0, "share of L2 the fresh Q/K/V/O may fill and stay resident")
     tile_q: int = param(128, 16, 256, "query rows per CTA (kernel data)", fitted=False)
     tile_k: int = param(128, 16, 256, "keys per tile (kernel data)", fitted=False)
 
@@ -52,6 +59,8 @@ class PrefillAttentionParams(ParamSet):
 class DecodeAttentionParams(ParamSet):
     fixed_us: float = param(8.0, 0.0, 60.0, "per call, KV write included, us")
     combine_us: float = param(3.0, 0.0, 60.0, "the split-KV combine kernel, when keys are split, us")
+    strided_us: float = param(0.0, 0.0, 30.0, "per call once both the batch and the KV heads exceed one (a strided "
+                              "K/V layout the kernel copies first; A100 and L40S engines), us")
     cta_us: float = param(2.0, 0.0, 60.0, "latency of one CTA: load Q and the page table, epilogue, us")
     cta_head_dim_us: float = param(1.0, -10.0, 60.0, "CTA latency change per 128 of head dim, us")
     cta_group_us: float = param(0.02, 0.0, 10.0, "CTA latency per query head sharing a KV head, us")
@@ -84,7 +93,7 @@ def _head_dim_efficiency(p: PrefillAttentionParams, d):
 
 
 def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_flops: float, vector_flops: float,
-                           bandwidth: float, batch, query, context, heads, kv_heads, head_dim, v_head_dim=None,
+                           bandwidth: float, l2_bytes: float, batch, query, context, heads, kv_heads, head_dim, v_head_dim=None,
                            window=0, kv_bytes=2.0, act_bytes: float = 2.0) -> Times:
     b, q, c, h, kvh, d, w, kvb = arrays(batch, query, context, heads, kv_heads, head_dim, window, kv_bytes)
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
@@ -113,8 +122,16 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     # plus the new tokens' K/V written into the paged cache, and every CTA's loads of its key tiles
     # (query heads of one KV head in separate CTAs load the same tiles: L2 serves most of them)
     loads = b * kvh * tiles * tk * (d + dv) * kvb
-    memory = (traffic / p.memory + b * q * kvh * (d + dv) * (act_bytes + kvb) / p.write_memory
-              + loads / p.kv_load) / bandwidth + b * q * kvh * p.write_token_ns * 1e-9
+    # the fresh Q, K, V and O were just written by the projection (or a benchmark's previous replay): while
+    # they fit in L2 their traffic streams from it; a cached prefix comes from HBM
+    # (the share of them L2 holds is served l2_speedup times faster)
+    fresh = b * q * (h + kvh) * (d + dv) * act_bytes
+    hit = np.minimum(1.0, l2_bytes * p.l2_fraction / np.maximum(fresh, 1.0))
+    slowdown = hit / p.l2_speedup + (1.0 - hit)
+    prefix = b * kvh * np.minimum(c, np.where(w > 0, w, np.inf)) * (d + dv) * kvb
+    memory = (prefix / p.memory + ((traffic - prefix) / p.memory
+                                   + b * q * kvh * (d + dv) * (act_bytes + kvb) / p.write_memory
+                                   + loads / p.kv_load) * slowdown) / bandwidth + b * q * kvh * p.write_token_ns * 1e-9
     fixed = np.full_like(memory, p.fixed_us * 1e-6)
     return Times(fixed + soft_max(compute, memory, p.smoothness), compute, memory, fixed)
 
@@ -142,5 +159,6 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     latency = np.maximum(p.cta_us + p.cta_head_dim_us * d / 128.0 + p.cta_group_us * h / kvh * p.pack_gqa, 0.05)
     cta = latency * 1e-6 + np.ceil(keys / splits) * key_bytes / (p.unit_bandwidth_gbps * 1e9)
     waves = np.ceil(items * splits / slots) * cta
-    fixed = p.fixed_us * 1e-6 + (splits > 1) * p.combine_us * 1e-6 + np.zeros_like(stream)
+    fixed = (p.fixed_us * 1e-6 + (splits > 1) * p.combine_us * 1e-6 + ((b > 1) & (kvh > 1)) * p.strided_us * 1e-6
+             + np.zeros_like(stream))
     return Times(fixed + soft_max(waves, stream, p.smoothness), waves, stream, fixed)
