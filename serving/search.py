@@ -154,7 +154,7 @@ class Searcher:
         limits, mem = self.engine_limits(layout)
         cost = self.cost(layout)
         engines = layout.dp * layout.pp
-        per_engine = load if load.kind == MAX else replace(load, value=load.value / engines,
+        per_engine = load if load.kind == MAX else replace(load, value=load.value / engines, spread=engines,
                                                            requests=math.ceil(load.requests / engines))
         state = solve(cost.steady, self.w.input_tokens, self.w.output_tokens, self.w.cached_tokens, per_engine,
                       limits, cost.overheads.request_ms * 1e-3, self.w.shared_prefix_kv)

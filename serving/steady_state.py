@@ -34,6 +34,7 @@ class Load:
     value: float = 0.0           # requests/s, or users
     arrival: str = "poisson"     # open loop: poisson or constant
     requests: int = 0            # max throughput: how many are queued at once (0: a long run)
+    spread: int = 1              # this engine takes every spread-th request of the stream (round-robin routing)
 
     def __post_init__(self):
         if self.kind not in (RATE, CONCURRENCY, MAX):
@@ -120,32 +121,45 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
     lumpy = not (load.kind == RATE and load.arrival == "constant")
 
-    def mean_step(n: float, p: float) -> float:
-        """The mean step when prompts come whole: a step prefills the K prompts that arrived during the one
-        before (K Poisson, or the two integers around its mean for evenly spaced arrivals), at most the
-        budget left by the decodes; a prompt longer than that fills whole chunk steps. Step time is convex in
-        the tokens (flat while weight reads dominate), so the mean of steps exceeds the step of the mean."""
-        if p <= 0:
-            return step(n, 0)
+    def step_moments(n: float, p: float) -> tuple[float, float]:
+        """Mean and mean square of a step when prompts come whole: a step prefills the K prompts that arrived
+        during the one before (K Poisson, or the two integers around its mean for evenly spaced arrivals), at
+        most the budget left by the decodes; what exceeds it fills the following steps, and a prompt longer than
+        the budget fills whole chunk steps. Step time is convex in the tokens (flat while weight reads
+        dominate), so the mean of steps exceeds the step of the mean; the square measures how much longer the
+        step a request arrives in is (the inspection paradox)."""
         room = max(1.0, budget - n) if limits.chunked_prefill else max(float(prompt), budget - n)
+
+        def steps_of(tokens: float) -> list[float]:
+            full, rest = divmod(tokens, room)
+            return [step(n, room)] * int(full) + ([step(n, rest)] if rest > 0 or not full else [])
+
+        def mix(weighted):   # (weight, the steps these prompts take)
+            count = sum(w * len(ts) for w, ts in weighted)
+            return (sum(w * sum(ts) for w, ts in weighted) / count,
+                    sum(w * sum(t * t for t in ts) for w, ts in weighted) / count)
+        if p <= 0:
+            return mix([(1.0, [step(n, 0)])])
         if prompt >= room:
             f = min(1.0, p / room)
-            return f * step(n, room) + (1 - f) * step(n, 0)
+            return mix([(f, [step(n, room)]), (1 - f, [step(n, 0)])])
         lam = p / prompt
-        if not lumpy or lam > 16:     # many prompts per step: their count varies little relative to its mean
-            k = math.floor(lam)
-            frac = lam - k
-            return (1 - frac) * step(n, min(room, k * prompt)) + frac * step(n, min(room, (k + 1) * prompt))
-        total, weight, k = 0.0, math.exp(-lam) if lam < 700 else 0.0, 0
-        if weight == 0.0:
-            return step(n, min(room, p))
-        acc = 0.0
+        k = math.floor(lam)
+        even = [(1 - (lam - k), steps_of(k * prompt)), (lam - k, steps_of((k + 1) * prompt))]
+        weight = math.exp(-lam) if lam < 700 else 0.0
+        if not lumpy or lam > 16 or weight == 0.0:   # many prompts per step: their count varies little
+            return mix(even)
+        terms, k = [], 0
         while k <= lam + 6 * math.sqrt(lam) + 6:
-            total += weight * step(n, min(room, k * prompt))
-            acc += weight
+            terms.append((weight, steps_of(k * prompt)))
             k += 1
             weight *= lam / k
-        return total / acc
+        # every spread-th request of a Poisson stream: counts vary 1/spread as much (a mix of the two)
+        share = 1.0 / max(1, load.spread)
+        return mix([(w * share, ts) for w, ts in terms] + [(w * (1 - share), ts) for w, ts in even])
+
+    def mean_step(n: float, p: float) -> float:
+        return step_moments(n, p)[0]
 
     def state(rate: float) -> tuple[float, float, float]:
         """(running, prefill tokens per step, step seconds) at `rate`, by fixed-point iteration."""
@@ -161,27 +175,47 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             s = 0.5 * (s + s_new)
         return min(rate * (o - 1) * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget), s
 
-    def ttft(n: float, p: float, s: float, poisson: bool, rate: float) -> dict:
-        """A request waits for the step under way (uniform over it), for the prompts queued ahead (M/D/1 under
-        Poisson arrivals), then for its own prefill step(s), which also carry the prompts that arrived with it
-        during the previous step (Poisson, mean rate x step)."""
+    def prefill_capacity(n: float) -> float:
+        """Prompt tokens one step takes beside `n` decodes."""
         capacity = max(1.0, budget - n)
-        if not limits.chunked_prefill:
-            capacity = max(capacity, prompt)       # a whole prompt goes in one step, budget or not
+        return capacity if limits.chunked_prefill else max(capacity, prompt)   # a whole prompt, budget or not
+
+    def prefill_service(n: float) -> float:
+        """Seconds of prefill capacity one prompt takes: its share of a step full of prefill."""
+        capacity = prefill_capacity(n)
+        return prompt / capacity * step(n, capacity)
+
+    def ttft(n: float, p: float, s: float, poisson: bool, rate: float) -> dict:
+        """A request waits for the rest of the step under way, for the prompts queued ahead (M/D/1 under
+        Poisson arrivals), then for its own prefill step(s), which also carry the prompts that arrived with it
+        during the step under way (Poisson). A Poisson arrival more likely lands in a long step (one with a
+        prefill) than a short one: the step under way is the length-biased mean step, E[S^2] / E[S]; evenly
+        spread arrivals see the plain mean step."""
+        capacity = prefill_capacity(n)
+        # squared coefficient of variation of the arrivals: Poisson 1; every k-th of a Poisson stream
+        # (round robin over k engines) 1/k, which less often lands right behind the prompt before it
+        variation = 1.0 / max(1, load.spread) if poisson else 0.0
         own_steps = math.ceil(prompt / capacity)
-        busy = min(0.999, p / capacity)
-        service = prompt / capacity * s
-        wait = busy * service / (2 * (1 - busy)) if poisson else 0.0
-        w = _waiting_quantiles(wait, busy if poisson else 0.0)
-        along = rate * s                          # prompts arriving during one step
+        service = prefill_service(n)          # the prefill capacity as a server in time
+        busy = min(0.999, rate * service)
+        # the prompts queued ahead (M/D/1 less the residual of the one being served, which the step under way
+        # already counts), scaled as G/D/1 by the arrivals' variation (Kingman)
+        wait = variation * busy * busy * service / (2 * (1 - busy))
+        w = _waiting_quantiles(wait, busy * busy if poisson else 0.0)
+        mean, square = step_moments(max(n, 1.0), p)
+        biased = s + variation * (square / mean - s) if mean > 0 else s   # the step a request arrives in
+        along = rate * biased                         # prompts arriving during it
         out = {}
         for key, q in (("mean", None), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
-            others = along if q is None or not poisson else _poisson_quantile(along, q)
+            # the prompts that share its step: Poisson counts, or about one fewer than arrive per step for
+            # evenly spaced arrivals (every spread-th request of a Poisson stream: a mix of the two)
+            poisson_others = along if q is None or not poisson else _poisson_quantile(along, q)
+            others = variation * poisson_others + (1 - variation) * max(0.0, along - 1.0)
             if own_steps == 1:
                 own = step(n, min(capacity, prompt * (1 + others)))
             else:
                 own = own_steps * step(n, capacity)
-            residual = s / 2 if q is None else q * s
+            residual = biased / 2 if q is None else q * biased
             out[key] = request_overhead_s + residual + own + w[key]
         return out
 
@@ -189,7 +223,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         n, p, s = state(rate)
         if n + 1 > admit:
             return False, ("max_num_seqs" if admit == limits.max_num_seqs else "kv_cache"), (n, p, s)
-        if n + p > budget * 0.98:
+        # prompts need their budget's share of prefill steps: in time, prefill must keep up with arrivals
+        if n + p > budget * 0.98 or rate * prefill_service(n) > 0.98:
             return False, "prefill budget", (n, p, s)
         return True, "load", (n, p, s)
 
@@ -223,6 +258,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
                 state.total_tokens_per_s = load.requests * (input_tokens + o) / duration
             return state
         top = saturation()
+        _, limited, _ = feasible(top * 1.01)        # what binds at the edge, not at the offered rate
         note = f"offered {load.value:g} requests/s exceeds the {top:.3g} this replica sustains ({limited})"
         if not load.requests:
             return result(top, False, limited, note=note + ": queues grow without bound")

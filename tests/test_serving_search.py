@@ -31,9 +31,9 @@ def test_steady_state_is_littles_law_at_its_fixed_point():
     assert s.running == pytest.approx(n, rel=1e-4)
     assert s.step_s == pytest.approx(fake_step(n, p, 500, 0, 0), rel=1e-4)
     assert s.tpot_s == s.step_s and s.output_tokens_per_s == pytest.approx(4.0 * 101)
-    # evenly spaced arrivals never queue: TTFT = half a step under way + its own prefill step, which also
-    # carries the prompts that arrived during the step before (4 / s x s of them)
-    own = fake_step(n, 500 * (1 + 4.0 * s.step_s), 500, 0, 0)
+    # evenly spaced arrivals 250 ms apart never queue nor share a step: TTFT = half a step under way + its
+    # own prefill step, alone
+    own = fake_step(n, 500, 500, 0, 0)
     assert s.ttft_s["mean"] == pytest.approx(s.step_s / 2 + own, rel=1e-6)
     poisson = solve(fake_step, 500, 101, 0, Load(RATE, 4.0), limits)
     assert poisson.ttft_s["mean"] > s.ttft_s["mean"] and poisson.ttft_s["p99"] > poisson.ttft_s["p50"]
@@ -132,3 +132,29 @@ def test_cli_searches_moe_layouts_and_verifies(capsys):
     shapes = {(c["tp_size"], c["pp_size"], c["ep_size"], c["attention_dp"]) for c in out["candidates"]}
     assert any(adp for *_, adp in shapes) and any(pp == 2 for _, pp, _, _ in shapes)
     assert "verified" in out["candidates"][0] or out["candidates"][0]["mode"] == "disagg"
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_ttft_counts_the_long_prefill_steps_requests_arrive_in(dp):
+    """Long prompts and a light decode load: steps with a prefill are many times longer than the others, and a
+    Poisson arrival lands in one more often than their share of steps (the mean of the step under way is
+    E[S^2] / E[S]); round robin over DP replicas spreads arrivals and weakens that."""
+    s = Searcher(resolve_model("llama-3.2-1b"), load_profile("h100"), TraceOptions(), Workload(8000, 64),
+                 EngineSettings(), LatencyLimits())
+    layout = Layout(1, dp=dp)
+    top = s.mixed(layout, Load(RATE, 1e9)).request_rate
+    c = s.mixed(layout, Load(RATE, 0.5 * top))
+    sim = simulate_candidate(s, c, Load(RATE, 0.5 * top))
+    assert sim["ttft_ms"]["mean"] == pytest.approx(c.ttft_ms["mean"], rel=0.15)
+    assert sim["output_tokens_per_s"] == pytest.approx(c.output_tokens_per_s, rel=0.15)
+
+
+def test_prompts_beyond_the_budget_fill_later_steps():
+    """Prompts about as long as the token budget: one per step, so the replica saturates at one prompt per
+    prefill step, and what binds is the prefill budget."""
+    prefill_step = fake_step(1, 8000, 8000, 0, 0)
+    top = solve(fake_step, 8000, 2, 0, Load(RATE, 1e9), Limits(1024, 8192, 10**7))
+    assert 0.95 / prefill_step < top.request_rate <= 1.0 / prefill_step
+    assert top.limited_by == "prefill budget"
+    short = solve(fake_step, 1000, 2, 0, Load(RATE, 1e9), Limits(1024, 8192, 10**7))
+    assert 0.95 * 8 / fake_step(1, 8000, 1000, 0, 0) < short.request_rate

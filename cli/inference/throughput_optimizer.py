@@ -140,7 +140,8 @@ def optimize(args, on_progress=None) -> dict:
     ranked = sorted(candidates, key=lambda c: (not c.meets_limits, -c.output_tokens_per_s))
     feasible = [c for c in ranked if c.meets_limits]
     if args.verify:
-        for c in [c for c in ranked if c.mode == MIXED][:args.verify]:
+        # a layout that sustains no load within the limits has no steady state to simulate
+        for c in [c for c in ranked if c.mode == MIXED and c.request_rate > 1e-6][:args.verify]:
             if on_progress:
                 on_progress(len(steps), len(steps), f"simulating {c.layout.label}")
             c.verified = simulate_candidate(searcher, c, load)
@@ -263,8 +264,9 @@ def render(r: dict) -> str:
                f"{c['output_tokens_per_s_per_gpu']:,.0f}", f"{c['tokens_per_s_per_user']:.1f}"]
         if verified:
             v = c.get("verified")
-            row += [f"{v['ttft_ms'][stat]:.1f}" if v else "-", f"{v['tpot_ms']:.2f}" if v else "-",
-                    f"{v['output_tokens_per_s']:,.0f}" if v else "-"]
+            ttft = v["ttft_ms"][stat] if v else None     # None: no request finished in the simulation
+            row += [f"{ttft:.1f}" if ttft is not None else "-", f"{v['tpot_ms']:.2f}" if ttft is not None else "-",
+                    f"{v['output_tokens_per_s']:,.0f}" if ttft is not None else "-"]
         row.append("yes" if c["meets_limits"] else "; ".join(c["why_not"]))
         rows.append(row)
     header = ["mode", "layout", "batch", "req/s", f"TTFT {stat} ms", "TPOT ms", "tokens/s", "tokens/s/GPU",
