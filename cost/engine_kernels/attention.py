@@ -3,14 +3,15 @@
 Each timed call also writes the new tokens' K/V into the paged cache, as the engines' attention
 layers do, so a model step prices no separate KV-write kernel.
 
-Prefill: CTAs of `tile_q` query rows (the query heads of one KV head share a CTA when the queries
-are short: GQA packing) each sweep their causal key tiles; tiles spread over the compute units,
+Prefill: CTAs of `tile_q` query rows (the query heads of one KV head share CTAs when that takes fewer
+tiles: GQA packing) each sweep their causal key tiles; tiles spread over the compute units,
 and every wave of CTAs pays a fixed prologue/epilogue:
 
     compute = max(total tiles / units, longest CTA) x tile time + waves x CTA latency
     time    = fixed + soft_max(compute, bytes / bandwidth)
 
-(the share of the fresh Q, K, V and O that fits in L2 streams from it, `l2_speedup` times faster)
+(the share of the fresh Q, K, V and O that fits in L2 streams from it, `l2_speedup` times faster; `fixed`
+adds, on some engines, a strided-layout cost once both the batch and the KV heads exceed one)
 
 Decode: one CTA per (sequence, KV head), its keys split over more CTAs when the batch is small:
 
@@ -36,12 +37,14 @@ from .params import ParamSet, param
 @dataclass(frozen=True)
 class PrefillAttentionParams(ParamSet):
     fixed_us: float = param(10.0, 0.0, 60.0, "per call, KV-cache write included, us")
+    strided_us: float = param(0.0, 0.0, 30.0, "per call once both the batch and the KV heads exceed one (a strided "
+                              "K/V layout the kernel copies first; A100 and L40S engines), us")
     cta_us: float = param(3.0, 0.0, 60.0, "per wave of CTAs: load Q, page table, epilogue, us")
     cta_head_dim_us: float = param(0.5, 0.0, 60.0, "CTA latency growing with head dim (per 128), us")
     compute: float = param(0.7, 0.05, 1.0, "fraction of the matrix peak per busy unit, head dim 128")
-    head_dim_64: float = param(1.0, 0.3, 2.0, "efficiency at head dim 64 relative to 128 (its own kernel instance)")
-    head_dim_192: float = param(1.0, 0.3, 2.0, "efficiency at head dim 192 relative to 128")
-    head_dim_256: float = param(1.0, 0.3, 2.0, "efficiency at head dim 256 and above relative to 128")
+    head_dim_64: float = param(1.0, 0.1, 2.0, "efficiency at head dim 64 relative to 128 (its own kernel instance)")
+    head_dim_192: float = param(1.0, 0.1, 2.0, "efficiency at head dim 192 relative to 128")
+    head_dim_256: float = param(1.0, 0.1, 2.0, "efficiency at head dim 256 and above relative to 128")
     softmax_ops: float = param(12.0, 0.0, 64.0, "vector ops per score (exp, max, sum, scale)")
     occupancy: float = param(2.0, 0.5, 8.0, "CTAs resident per unit")
     memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth for Q, O and cached-prefix traffic")
@@ -49,6 +52,8 @@ class PrefillAttentionParams(ParamSet):
     write_memory: float = param(0.5, 0.01, 1.0, "fraction of HBM bandwidth writing new K/V into the paged cache")
     write_token_ns: float = param(1.0, 0.0, 200.0, "paged-cache write per (token, KV head), ns")
     kv_load: float = param(2.0, 0.05, 20.0, "bandwidth of the CTAs' K/V tile loads (mostly L2 hits) over HBM's")
+    pack_gqa: float = param(0.0, 0.0, 1.0, "1: the kernel packs a KV head's query heads whenever that takes fewer "
+                            "tiles (FlashAttention-3's rule); 0: only when they fit one tile", grid=(0.0, 1.0))
     l2_speedup: float = param(1.0, 1.0, 8.0, "bandwidth of L2-resident fresh Q/K/V/O over HBM's")
     l2_fraction: float = param(0.6, 0.05, 1.0, "share of L2 the fresh Q/K/V/O may fill and stay resident")
     tile_q: int = param(128, 16, 256, "query rows per CTA (kernel data)", fitted=False)
@@ -101,14 +106,15 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     tq, tk = float(p.tile_q), float(p.tile_k)
     # keys one query tile can see: no more than the sequence, nor than the window past its first query
     cap = np.minimum(c + q, np.where(w > 0, w + tq, np.inf))
-    # GQA packing: short queries put a KV head's query heads into one CTA, each seeing all keys
-    packed = q * group <= tq
+    # GQA packing: the query rows of a KV head's query heads share CTAs (each packed tile sees all keys) when
+    # they fit one tile, or (pack_gqa) whenever that takes fewer tiles than row blocks per head with causal skipping
     n_packed = np.ceil(q * group / tq)
     longest = np.ceil(cap / tk)                      # key tiles of the busiest CTA
     tiles_packed = n_packed * longest
     n_q = np.ceil(q / tq)
     keys_total = _sum_min_series(c + np.minimum(q, tq), tq, cap, n_q)  # causal: tile i sees keys up to its end
     tiles_unpacked = (keys_total / tk + n_q / 2) * group            # + half a partial key tile per query tile
+    packed = (q * group <= tq) | ((p.pack_gqa >= 0.5) & (tiles_packed < tiles_unpacked))
     tiles = np.where(packed, tiles_packed, tiles_unpacked)          # per (sequence, KV head)
     ctas = b * kvh * np.where(packed, n_packed, n_q * group)
 
@@ -132,7 +138,7 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     memory = (prefix / p.memory + ((traffic - prefix) / p.memory
                                    + b * q * kvh * (d + dv) * (act_bytes + kvb) / p.write_memory
                                    + loads / p.kv_load) * slowdown) / bandwidth + b * q * kvh * p.write_token_ns * 1e-9
-    fixed = np.full_like(memory, p.fixed_us * 1e-6)
+    fixed = p.fixed_us * 1e-6 + ((b > 1) & (kvh > 1)) * p.strided_us * 1e-6 + np.zeros_like(memory)
     return Times(fixed + soft_max(compute, memory, p.smoothness), compute, memory, fixed)
 
 
