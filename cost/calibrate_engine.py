@@ -27,8 +27,9 @@ def split(n: int, seed: int = 0, fraction: float = 0.5) -> np.ndarray:
 
 def least_squares_fit(initial, predict, measured: np.ndarray, restarts=()):
     """Parameters minimizing a robust (soft-L1, ~10% scale) loss of log(predicted / measured), within bounds.
-    Parameters that act in steps (declared with a grid) are tried at each grid point, from `initial` and from
-    each of `restarts` (a previous fit can sit in a local minimum the defaults avoid); the best fit wins."""
+    Parameters that act in steps (declared with a grid) are tried at each grid point, from `initial`, from
+    each of `restarts` (a previous fit can sit in a local minimum the defaults avoid) and from each declared
+    start of a parameter; the best fit wins."""
     from itertools import product
 
     from scipy.optimize import least_squares
@@ -43,7 +44,9 @@ def least_squares_fit(initial, predict, measured: np.ndarray, restarts=()):
         return np.where(np.isfinite(r), r, 10.0)
 
     best, best_cost = initial, np.inf
-    for origin, point in product([initial, *restarts], product(*grids.values()) if grids else [()]):
+    origins = [initial, *restarts]
+    origins += [replace(initial, **{name: value}) for name, values in initial.starts().items() for value in values]
+    for origin, point in product(origins, product(*grids.values()) if grids else [()]):
         start = replace(origin, **dict(zip(grids, point))).vector()
         lo, hi = low.copy(), high.copy()
         for name, value in zip(grids, point):  # a grid parameter stays at its grid value

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from cost.calibrate_engine import least_squares_fit
-from cost.engine_kernels import (CollectiveCurve, DecodeAttentionParams, GemmParams, allreduce_time,
-                                 decode_attention_time, gemm_time, routing_stats)
+from cost.engine_kernels import (CollectiveCurve, DecodeAttentionParams, GemmParams, MoeParams,
+                                 PrefillAttentionParams, allreduce_time, decode_attention_time, gemm_time, moe_time,
+                                 prefill_attention_time, routing_stats)
 from cost.kernel import main as kernel_main
 from cost.kernel_rows import RowError, parse_row, price_rows
 from cost.profile import ProfileError, load_profile, parse_profile, profiles_dir
@@ -199,3 +200,24 @@ def test_engine_profile_round_trips_through_json():
     assert math.isfinite(again.gemm["bf16"].compute)
     data = copy.deepcopy(cal.to_json())
     assert parse_calibration("vllm", data, "x").decode_attention.keys() == cal.decode_attention.keys()
+
+
+def test_moe_streams_at_its_own_rate_in_the_large_row_tile_configuration():
+    p = MoeParams(large_tile_memory=0.5, large_tile_rows=8.0, fixed_us=0.0, token_ns=0.0, pair_ns=0.0, expert_us=0.0)
+    args = (148, 2.25e15, 8e12)
+    def memory_s(tokens):
+        stats = routing_stats("balanced", tokens, 8, 2)
+        return float(moe_time(p, *args, tokens, 4096, 14336, 2, stats.pairs, stats.active_experts,
+                              np.array(stats.padded_tiles), weight_bytes=2.0).memory_s)
+    # 32 tokens: 8 rows per expert (small-tile configuration); 48: 12 rows, the same weights at half the rate
+    assert memory_s(48) > 1.8 * memory_s(32)
+
+
+def test_gqa_packing_rule_is_a_fitted_choice():
+    args = (132, 989e12, 67e12, 3.35e12, 50e6, 64, 16, 0, 32, 1, 128)   # 16 queries x 32 heads on one KV head
+    packed = prefill_attention_time(PrefillAttentionParams(pack_gqa=1.0), *args)
+    per_head = prefill_attention_time(PrefillAttentionParams(pack_gqa=0.0), *args)
+    assert float(packed.compute_s) < 0.5 * float(per_head.compute_s)
+    long = (132, 989e12, 67e12, 3.35e12, 50e6, 1, 8192, 0, 32, 8, 128)  # long causal prompts: row blocks win
+    assert np.isclose(float(prefill_attention_time(PrefillAttentionParams(pack_gqa=1.0), *long).seconds),
+                      float(prefill_attention_time(PrefillAttentionParams(pack_gqa=0.0), *long).seconds))

@@ -48,7 +48,7 @@ class PrefillAttentionParams(ParamSet):
     softmax_ops: float = param(12.0, 0.0, 64.0, "vector ops per score (exp, max, sum, scale)")
     occupancy: float = param(2.0, 0.5, 8.0, "CTAs resident per unit")
     memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth for Q, O and cached-prefix traffic")
-    smoothness: float = param(2.0, 1.0, 10.0, "p of the soft max of compute and memory time")
+    smoothness: float = param(2.0, 1.0, 10.0, "p of the soft max of compute and memory time", starts=(4.0,))
     write_memory: float = param(0.5, 0.01, 1.0, "fraction of HBM bandwidth writing new K/V into the paged cache")
     write_token_ns: float = param(1.0, 0.0, 200.0, "paged-cache write per (token, KV head), ns")
     kv_load: float = param(2.0, 0.05, 20.0, "bandwidth of the CTAs' K/V tile loads (mostly L2 hits) over HBM's")

@@ -7,7 +7,8 @@ permutation, and only the pairs routed to local experts reach the GEMMs (`tokens
 rank). Dispatch-style EP (DeepEP) sends each rank only its pairs: the caller passes those tokens.
 
     GEMMs   = for the best row tile: waves of (padded expert rows x output tiles) x tile time
-    memory  = active experts' weights + activations, over HBM bandwidth
+    memory  = active experts' weights + activations, over HBM bandwidth (at its own rate once the rows per
+              expert make the kernel take its large-row-tile configuration)
     time    = fixed + tokens x token latency + pairs x pair latency + active experts x expert latency
               + soft_max(GEMMs, memory)
 """
@@ -31,6 +32,10 @@ class MoeParams(ParamSet):
     tile_sensitivity: float = param(0.3, 0.0, 3.0, "efficiency loss of smaller row tiles")
     k_latency_ns: float = param(1.0, 0.0, 20.0, "ns per K element of one tile's loop when latency-bound")
     memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth streaming expert weights")
+    large_tile_memory: float = param(1.0, 0.05, 1.0, "the streaming rate, relative to `memory`, once the kernel "
+                                     "takes its large-row-tile configuration (tuned per row count)")
+    large_tile_rows: float = param(8.0, 1.0, 256.0, "rows per active expert beyond which it does",
+                                   grid=(8.0, 32.0))
     fixed_us: float = param(20.0, 0.0, 200.0, "per layer call: the kernels' launches and tails, us")
     token_ns: float = param(5.0, 0.0, 500.0, "routing and permutation per token, ns")
     pair_ns: float = param(1.0, 0.0, 200.0, "alignment and combine per (token, expert) pair, ns")
@@ -57,6 +62,7 @@ def moe_time(p: MoeParams, compute_units: int, peak_flops: float, bandwidth: flo
         best = gemms if best is None else np.minimum(best, gemms)
     weights = active * (up * h + h * i_l) * weight_bytes
     activations = (t * h + pairs * (h + up + i_l + h)) * act_bytes
-    memory = (weights + activations) / (bandwidth * p.memory)
+    large = pairs / np.maximum(active, 1.0) > p.large_tile_rows
+    memory = (weights + activations) / (bandwidth * p.memory * np.where(large, p.large_tile_memory, 1.0))
     fixed = (p.fixed_us * 1e-6 + t * p.token_ns * 1e-9 + t * k * p.pair_ns * 1e-9 + active * p.expert_us * 1e-6)
     return Times(fixed + soft_max(best, memory, p.smoothness), best, memory, fixed)

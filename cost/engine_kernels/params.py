@@ -12,10 +12,13 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 import numpy as np
 
 
-def param(default: float, low: float, high: float, doc: str, *, fitted: bool = True, grid: tuple = ()):
+def param(default: float, low: float, high: float, doc: str, *, fitted: bool = True, grid: tuple = (),
+          starts: tuple = ()):
     """A model parameter: its default, physical range and meaning; `fitted=False` marks fixed data (tile sizes).
-    `grid`: values to try for a parameter the time depends on in steps (a wave count), where gradients vanish."""
-    return field(default=default, metadata={"bounds": (low, high), "doc": doc, "fitted": fitted, "grid": grid})
+    `grid`: values to try for a parameter the time depends on in steps (a wave count), where gradients vanish;
+    `starts`: values to start a fit from, where the loss has more than one valley."""
+    return field(default=default, metadata={"bounds": (low, high), "doc": doc, "fitted": fitted, "grid": grid,
+                                            "starts": starts})
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class ParamSet:
     @classmethod
     def grids(cls) -> dict[str, tuple]:
         return {f.name: f.metadata["grid"] for f in fields(cls) if f.metadata.get("grid")}
+
+    @classmethod
+    def starts(cls) -> dict[str, tuple]:
+        return {f.name: f.metadata["starts"] for f in fields(cls) if f.metadata.get("starts")}
 
     @classmethod
     def bounds(cls) -> tuple[np.ndarray, np.ndarray]:
