@@ -160,6 +160,8 @@ def _with_allreduce(cals: dict[str, EngineCalibration], topology, where: str) ->
 
 def with_topology(profile: HardwareProfile, name: str) -> HardwareProfile:
     """The profile with one of its named topologies (another way of joining the same GPUs in a server)."""
+    if profile.topology:
+        raise ProfileError(f"{profile.key} already names its topology")
     if name not in profile.topologies:
         known = ", ".join(f"{profile.key}:{t}" for t in profile.topologies) or "none"
         raise ProfileError(f"{profile.key} has no topology '{name}' (has: {known})")

@@ -48,6 +48,7 @@ def show(args) -> int:
             "memory_capacity_gb": hw.memory_capacity_gb, "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,
             "host_link_bandwidth_gbps": hw.host_link_bandwidth_gbps, "l2_cache_mb": hw.l2_cache_mb,
             "efficiency_origin": hw.efficiency.origin,
+            "topologies": {name: t.description for name, t in hw.topologies.items()},
             "engines": {name: {"origin": cal.origin, "inherited": list(cal.inherited)}
                         for name, cal in _engines(hw).items()},
             "sources": hw.sources} for hw in profiles], indent=1))
@@ -61,10 +62,18 @@ def show(args) -> int:
     print(format_table(["key", "name", "aliases", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "GB",
                         "link GB/s", "host GB/s", "eager fit", "engine kernels"], rows,
                        title="dense matrix peaks (no sparsity); link = per direction"))
+    others = [f"{hw.key}:{name}" for hw in profiles if not hw.topology for name in hw.topologies]
+    if others and not args.device:
+        print(f"\nother server topologies (--device NAME:TOPOLOGY): {', '.join(others)}")
     if args.device:
         hw = profiles[0]
         print(f"\nmatrix TFLOP/s: {_fmt(hw.matrix_tflops)}\nvector TFLOP/s: {_fmt(hw.vector_tflops)}")
         print(f"eager efficiency: {hw.efficiency.origin}")
+        if hw.topology:
+            print(f"topology {hw.topology}: {hw.topologies[hw.topology].description}")
+        else:
+            for name, t in hw.topologies.items():
+                print(f"other topology {hw.key}:{name}: {t.description}")
         for name, cal in _engines(hw).items():
             print(f"engine {name}: {cal.origin}")
             for note in cal.inherited:

@@ -30,6 +30,8 @@ def test_a_named_topology_replaces_the_measured_all_reduce():
         load_profile("l40s:nvswitch")
     with pytest.raises(ProfileError, match="no topology"):
         load_profile("h100:pcie-switch")
+    with pytest.raises(ProfileError, match="already names its topology"):
+        load_profile("l40s:pcie-switch:pcie-switch")
 
 
 def test_only_pcie_interconnects_limit_the_custom_all_reduce():
