@@ -52,8 +52,8 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
     else:
         p = attention_model(cal.prefill_attention, kv_format, window > 0, "prefill attention KV format", cal)
         t = prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
-                                   hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.kv_heads, w.qk_head_dim,
-                                   w.v_head_dim, window=window, kv_bytes=1.0 if kv_format == "fp8" else 2.0)
+                                   hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.kv_heads,
+                                   w.qk_head_dim, w.v_head_dim, window=window, kv_bytes=1.0 if kv_format == "fp8" else 2.0)
     return _kernel_time(t)
 
 

@@ -189,7 +189,8 @@ def attention_rows_time(cal: EngineCalibration, hw: HardwareProfile, phase: str,
                                      head_dim, window=window, kv_bytes=kv_bytes, resident=~np.asarray(cold, bool))
     p = params or attention_model(cal.prefill_attention, kv_dtype, windowed, "prefill attention KV format", cal)
     return prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
-                                  hw.l2_bytes, batch, query, context, heads, kv_heads, head_dim, window=window, kv_bytes=kv_bytes)
+                                  hw.l2_bytes, batch, query, context, heads, kv_heads, head_dim, window=window,
+                                  kv_bytes=kv_bytes)
 
 
 def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows: list[MoeRow], params=None) -> Times:

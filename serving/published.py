@@ -131,11 +131,12 @@ class Predictor:
         o = cost.overheads
         d = cost.defaults
         kv_tokens = cost.replica_memory(d.max_batched_tokens, run.memory_fraction).kv_tokens
-        limits = Limits(d.max_num_seqs, d.max_batched_tokens, kv_tokens, d.chunked_prefill)
         if run.trtllm_bench:
             seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
             kv_tokens = cost.replica_memory(tokens, run.memory_fraction).kv_tokens
             limits = Limits(seqs, tokens, kv_tokens, d.chunked_prefill or tokens < run.isl)
+        else:
+            limits = Limits(d.max_num_seqs, d.max_batched_tokens, kv_tokens, d.chunked_prefill)
         state = solve(cost.steady, run.isl, run.osl, 0, run.load, limits, o.request_ms * 1e-3)
         return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
                 "output_tok_s": state.output_tokens_per_s}, state

@@ -121,6 +121,11 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
     lumpy = not (load.kind == RATE and load.arrival == "constant")
 
+    def prefill_capacity(n: float) -> float:
+        """Prompt tokens one step takes beside `n` decodes."""
+        capacity = max(1.0, budget - n)
+        return capacity if limits.chunked_prefill else max(capacity, prompt)   # a whole prompt, budget or not
+
     def step_moments(n: float, p: float) -> tuple[float, float]:
         """Mean and mean square of a step when prompts come whole: a step prefills the K prompts that arrived
         during the one before (K Poisson, or the two integers around its mean for evenly spaced arrivals), at
@@ -128,7 +133,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         the budget fills whole chunk steps. Step time is convex in the tokens (flat while weight reads
         dominate), so the mean of steps exceeds the step of the mean; the square measures how much longer the
         step a request arrives in is (the inspection paradox)."""
-        room = max(1.0, budget - n) if limits.chunked_prefill else max(float(prompt), budget - n)
+        room = prefill_capacity(n)
 
         def steps_of(tokens: float) -> list[float]:
             full, rest = divmod(tokens, room)
@@ -174,11 +179,6 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
                 break
             s = 0.5 * (s + s_new)
         return min(rate * (o - 1) * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget), s
-
-    def prefill_capacity(n: float) -> float:
-        """Prompt tokens one step takes beside `n` decodes."""
-        capacity = max(1.0, budget - n)
-        return capacity if limits.chunked_prefill else max(capacity, prompt)   # a whole prompt, budget or not
 
     def prefill_service(n: float) -> float:
         """Seconds of prefill capacity one prompt takes: its share of a step full of prefill."""

@@ -90,6 +90,11 @@ def _sum_min_series(first, step, cap, count):
     return series + (count - below) * np.where(np.isfinite(cap), cap, 0.0)
 
 
+def _strided_s(p, batch, kv_heads):
+    """The engines that copy a strided K/V layout first do so once both the batch and the KV heads exceed one."""
+    return ((batch > 1) & (kv_heads > 1)) * p.strided_us * 1e-6
+
+
 def _head_dim_efficiency(p: PrefillAttentionParams, d):
     """Flash kernels are compiled per head dim: interpolate the fitted efficiencies in log2(head dim)."""
     points = np.log2([64.0, 128.0, 192.0, 256.0])
@@ -98,8 +103,8 @@ def _head_dim_efficiency(p: PrefillAttentionParams, d):
 
 
 def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_flops: float, vector_flops: float,
-                           bandwidth: float, l2_bytes: float, batch, query, context, heads, kv_heads, head_dim, v_head_dim=None,
-                           window=0, kv_bytes=2.0, act_bytes: float = 2.0) -> Times:
+                           bandwidth: float, l2_bytes: float, batch, query, context, heads, kv_heads, head_dim,
+                           v_head_dim=None, window=0, kv_bytes=2.0, act_bytes: float = 2.0) -> Times:
     b, q, c, h, kvh, d, w, kvb = arrays(batch, query, context, heads, kv_heads, head_dim, window, kv_bytes)
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     group = h / kvh
@@ -123,22 +128,20 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     waves = np.ceil(ctas / (compute_units * p.occupancy))
     compute = (np.maximum(b * kvh * tiles / compute_units, longest) * tile_s
                + waves * (p.cta_us + p.cta_head_dim_us * d / 128.0) * 1e-6)
-    traffic = (b * q * h * (d + dv) * act_bytes                       # Q in, O out
-               + b * kvh * np.minimum(c, np.where(w > 0, w, np.inf)) * (d + dv) * kvb)  # cached prefix read
+    q_and_o = b * q * h * (d + dv) * act_bytes
+    prefix = b * kvh * np.minimum(c, np.where(w > 0, w, np.inf)) * (d + dv) * kvb    # cached prefix read
     # plus the new tokens' K/V written into the paged cache, and every CTA's loads of its key tiles
     # (query heads of one KV head in separate CTAs load the same tiles: L2 serves most of them)
     loads = b * kvh * tiles * tk * (d + dv) * kvb
-    # the fresh Q, K, V and O were just written by the projection (or a benchmark's previous replay): while
-    # they fit in L2 their traffic streams from it; a cached prefix comes from HBM
-    # (the share of them L2 holds is served l2_speedup times faster)
+    # the fresh Q, K, V and O were just written by the projection (or a benchmark's previous replay): the share
+    # of them L2 holds streams from it, l2_speedup times faster; a cached prefix comes from HBM
     fresh = b * q * (h + kvh) * (d + dv) * act_bytes
     hit = np.minimum(1.0, l2_bytes * p.l2_fraction / np.maximum(fresh, 1.0))
     slowdown = hit / p.l2_speedup + (1.0 - hit)
-    prefix = b * kvh * np.minimum(c, np.where(w > 0, w, np.inf)) * (d + dv) * kvb
-    memory = (prefix / p.memory + ((traffic - prefix) / p.memory
+    memory = (prefix / p.memory + (q_and_o / p.memory
                                    + b * q * kvh * (d + dv) * (act_bytes + kvb) / p.write_memory
                                    + loads / p.kv_load) * slowdown) / bandwidth + b * q * kvh * p.write_token_ns * 1e-9
-    fixed = p.fixed_us * 1e-6 + ((b > 1) & (kvh > 1)) * p.strided_us * 1e-6 + np.zeros_like(memory)
+    fixed = p.fixed_us * 1e-6 + _strided_s(p, b, kvh) + np.zeros_like(memory)
     return Times(fixed + soft_max(compute, memory, p.smoothness), compute, memory, fixed)
 
 
@@ -165,6 +168,5 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     latency = np.maximum(p.cta_us + p.cta_head_dim_us * d / 128.0 + p.cta_group_us * h / kvh * p.pack_gqa, 0.05)
     cta = latency * 1e-6 + np.ceil(keys / splits) * key_bytes / (p.unit_bandwidth_gbps * 1e9)
     waves = np.ceil(items * splits / slots) * cta
-    fixed = (p.fixed_us * 1e-6 + (splits > 1) * p.combine_us * 1e-6 + ((b > 1) & (kvh > 1)) * p.strided_us * 1e-6
-             + np.zeros_like(stream))
+    fixed = p.fixed_us * 1e-6 + (splits > 1) * p.combine_us * 1e-6 + _strided_s(p, b, kvh) + np.zeros_like(stream)
     return Times(fixed + soft_max(waves, stream, p.smoothness), waves, stream, fixed)
