@@ -91,6 +91,10 @@ def main(argv=None) -> int:
     runs, skipped = load_published(args.data)
     runs = [r for r in runs if (args.device is None or r.device == args.device)
             and (args.precision is None or r.dtype == args.precision)]
+    if not runs:
+        print(f"error: no development rows on device {args.device!r} with precision {args.precision!r}",
+              file=sys.stderr)
+        return 2
     if args.sample > 1:
         runs = runs[::args.sample]
     t0 = time.time()
