@@ -110,7 +110,9 @@ def _gated(hidden: int, experts: int, top_k: int) -> bool:
     return not ((experts, top_k) == (512, 22) or (experts, top_k, hidden) == (128, 6, 2688))
 
 
-def _moe(t) -> tuple[list, list]:
+def _moe(t, relu2_timed_gated: bool = False) -> tuple[list, list]:
+    """`relu2_timed_gated`: the collector built every layer with gate and up projections (vLLM's before 0.17),
+    so a relu^2 model's rows time gated work."""
     rows, ms = [], []
     for i, lat in enumerate(t["latency"]):
         dtype = _MOE_DTYPES.get(t["moe_dtype"][i])
@@ -119,7 +121,7 @@ def _moe(t) -> tuple[list, list]:
             continue
         hidden, experts, top_k = int(t["hidden_size"][i]), int(t["num_experts"][i]), int(t["topk"][i])
         rows.append(MoeRow(int(t["num_tokens"][i]), hidden, int(t["inter_size"][i]), experts, top_k, tp, ep, dtype,
-                           t["distribution"][i], _gated(hidden, experts, top_k)))
+                           t["distribution"][i], relu2_timed_gated or _gated(hidden, experts, top_k)))
         ms.append(lat)
     return rows, ms
 
@@ -170,7 +172,8 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
             keys_after_step = engine != "vllm" or _version_key(version) >= _version_key("0.22")
             add(f"{phase}_attention", f, _attention(store.read(f), phase, keys_after_step))
     if f := store.find(system, "moe", engine, "moe_perf.parquet"):
-        add("moe", f, _moe(store.read(f)))
+        legacy = engine == "vllm" and _version_key(f.split("/")[-2]) < _version_key("0.17")
+        add("moe", f, _moe(store.read(f), relu2_timed_gated=legacy))
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):
         add("custom_allreduce", f, _allreduce(store.read(f), "custom"))
     if f := store.find(system, "comm", "nccl", "nccl_perf.parquet"):
