@@ -8,7 +8,8 @@ For each table the newest collected version is read. Reading parquet needs pyarr
 
 Semantics (read from the collectors and checked against the numbers): latency is ms per call, timed as
 CUDA-graph replays; generation attention is one query over step + 1 keys in vLLM >= 0.22 collectors (step
-keys before); message sizes of the all-reduce tables count 2-byte elements per GPU.
+keys before); message sizes of the all-reduce tables count 2-byte elements per GPU; vLLM's MoE collectors
+before 0.17 built every layer with gate and up projections, relu^2 models' too.
 """
 from __future__ import annotations
 

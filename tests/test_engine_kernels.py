@@ -13,7 +13,7 @@ import pytest
 from cost.calibrate_engine import least_squares_fit
 from cost.engine_kernels import (CollectiveCurve, DecodeAttentionParams, GemmParams, MoeParams,
                                  PrefillAttentionParams, allreduce_time, decode_attention_time, gemm_time, moe_time,
-                                 prefill_attention_time, routing_stats)
+                                 prefill_attention_time, prefill_tiles, routing_stats)
 from cost.kernel import main as kernel_main
 from cost.kernel_rows import RowError, parse_row, price_rows
 from cost.profile import ProfileError, load_profile, parse_profile, profiles_dir
@@ -221,3 +221,38 @@ def test_gqa_packing_rule_is_a_fitted_choice():
     long = (132, 989e12, 67e12, 3.35e12, 50e6, 1, 8192, 0, 32, 8, 128)  # long causal prompts: row blocks win
     assert np.isclose(float(prefill_attention_time(PrefillAttentionParams(pack_gqa=1.0), *long).seconds),
                       float(prefill_attention_time(PrefillAttentionParams(pack_gqa=0.0), *long).seconds))
+
+
+def test_prefill_tiles_follow_the_kernel_family():
+    # FlashAttention-2's paged kernel: 64-row tiles, key tiles holding the same shared memory at every head dim
+    fa2 = PrefillAttentionParams(tile_q=64, tile_k=128, tile_k_by_head_dim=1)
+    rows, keys = prefill_tiles(fa2, [256, 256, 256, 256], [64, 128, 192, 256])
+    assert rows.tolist() == [64.0] * 4 and keys.tolist() == [256.0, 128.0, 64.0, 64.0]
+    # FlashInfer's rule: 16 or 64 rows when the packed query rows of a KV head fit them
+    rows, _ = prefill_tiles(PrefillAttentionParams(short_tile_q=1), [1, 16, 17, 64, 65], 128)
+    assert rows.tolist() == [16.0, 16.0, 64.0, 64.0, 128.0]
+    args = (132, 989e12, 67e12, 3.35e12, 50e6, 256, 1, 0, 8, 8, 128)   # 256 single-token prompts
+    tile_work_only = dict(cta_us=0.0, cta_head_dim_us=0.0)
+    short = prefill_attention_time(PrefillAttentionParams(short_tile_q=1, **tile_work_only), *args)
+    fixed = prefill_attention_time(PrefillAttentionParams(**tile_work_only), *args)
+    assert float(short.compute_s) < 0.2 * float(fixed.compute_s)     # 16-row tiles, not 128
+
+
+def test_prefill_kv_cache_write_is_a_kernel_of_its_own():
+    """The write adds to the attention kernel's time instead of overlapping its compute."""
+    p = PrefillAttentionParams(smoothness=10.0, write_token_ns=0.0)
+    args = (132, 989e12, 67e12, 3.35e12, 50e6, 8, 2048, 0, 64)
+    mha, gqa = (prefill_attention_time(p, *args, kv, 128) for kv in (64, 1))
+    write_s = 8 * 2048 * 63 * 256 * 4 / (3.35e12 * p.write_memory)   # the extra K/V heads' bytes, read and written
+    assert float(mha.seconds - gqa.seconds) > 0.9 * write_s
+
+
+def test_moe_wide_experts_lose_efficiency_beyond_4096():
+    args = (148, 2.25e15, 8e12)
+    def compute_s(p, inter):
+        stats = routing_stats("balanced", 16384, 8, 2)
+        return float(moe_time(p, *args, 16384, 4096, inter, 2, stats.pairs, stats.active_experts,
+                              np.array(stats.padded_tiles)).compute_s)
+    plain, wide = MoeParams(), MoeParams(wide_expert=0.5)
+    assert np.isclose(compute_s(wide, 4096), compute_s(plain, 4096))
+    assert np.isclose(compute_s(wide, 16384) / compute_s(plain, 16384), 2.0, rtol=0.01)   # two doublings

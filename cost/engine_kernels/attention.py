@@ -8,9 +8,10 @@ tiles: GQA packing) each sweep their causal key tiles; tiles spread over the com
 and every wave of CTAs pays a fixed prologue/epilogue:
 
     compute = max(total tiles / units, longest CTA) x tile time + waves x CTA latency
-    time    = fixed + soft_max(compute, bytes / bandwidth)
+    time    = fixed + soft_max(compute, bytes / bandwidth) + KV-cache write
 
-(the share of the fresh Q, K, V and O that fits in L2 streams from it, `l2_speedup` times faster; `fixed`
+(the write of the new K/V into the paged cache is a kernel of its own, run before attention: it adds;
+the share of the fresh Q, K, V and O that fits in L2 streams from it, `l2_speedup` times faster; `fixed`
 adds, on some engines, a strided-layout cost once both the batch and the KV heads exceed one)
 
 Decode: one CTA per (sequence, KV head), its keys split over more CTAs when the batch is small:
@@ -57,7 +58,13 @@ class PrefillAttentionParams(ParamSet):
     l2_speedup: float = param(1.0, 1.0, 8.0, "bandwidth of L2-resident fresh Q/K/V/O over HBM's")
     l2_fraction: float = param(0.6, 0.05, 1.0, "share of L2 the fresh Q/K/V/O may fill and stay resident")
     tile_q: int = param(128, 16, 256, "query rows per CTA (kernel data)", fitted=False)
-    tile_k: int = param(128, 16, 256, "keys per tile (kernel data)", fitted=False)
+    tile_k: int = param(128, 16, 256, "keys per tile at head dim 128 (kernel data)", fitted=False)
+    tile_k_by_head_dim: int = param(0, 0, 1, "1: keys per tile scale as 128 / head dim (a power of two in [32, 256]: "
+                                    "the key tile's shared memory stays the same, FlashAttention-2's paged kernel); "
+                                    "0: fixed (kernel data)", fitted=False)
+    short_tile_q: int = param(0, 0, 1, "1: the kernel takes 16 or 64 query rows per CTA when the packed query rows "
+                              "(query x query heads per KV head) are at most that many (FlashInfer's rule); "
+                              "0: always tile_q (kernel data)", fitted=False)
 
 
 @dataclass(frozen=True)
@@ -102,13 +109,27 @@ def _head_dim_efficiency(p: PrefillAttentionParams, d):
     return p.compute * np.interp(np.log2(np.maximum(d, 1.0)), points, factors)
 
 
+def prefill_tiles(p: PrefillAttentionParams, packed_rows, head_dim):
+    """Query rows and keys per CTA tile: `tile_q` rows (16 or 64 when the packed query rows of a KV head fit
+    them, on kernels with FlashInfer's rule), `tile_k` keys (scaled as 128 / head dim on kernels that keep
+    the key tile's shared memory fixed)."""
+    rows, d = arrays(packed_rows, head_dim)
+    tq = np.full_like(rows, float(p.tile_q))
+    if p.short_tile_q:
+        tq = np.where(rows <= 16, np.minimum(16.0, tq), np.where(rows <= 64, np.minimum(64.0, tq), tq))
+    tk = np.full_like(d, float(p.tile_k))
+    if p.tile_k_by_head_dim:
+        tk = np.clip(2.0 ** np.floor(np.log2(p.tile_k * 128.0 / np.maximum(d, 1.0))), 32.0, 256.0)
+    return tq, tk
+
+
 def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_flops: float, vector_flops: float,
                            bandwidth: float, l2_bytes: float, batch, query, context, heads, kv_heads, head_dim,
                            v_head_dim=None, window=0, kv_bytes=2.0, act_bytes: float = 2.0) -> Times:
     b, q, c, h, kvh, d, w, kvb = arrays(batch, query, context, heads, kv_heads, head_dim, window, kv_bytes)
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     group = h / kvh
-    tq, tk = float(p.tile_q), float(p.tile_k)
+    tq, tk = prefill_tiles(p, q * group, d)
     # keys one query tile can see: no more than the sequence, nor than the window past its first query
     cap = np.minimum(c + q, np.where(w > 0, w + tq, np.inf))
     # GQA packing: the query rows of a KV head's query heads share CTAs (each packed tile sees all keys) when
@@ -138,11 +159,12 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     fresh = b * q * (h + kvh) * (d + dv) * act_bytes
     hit = np.minimum(1.0, l2_bytes * p.l2_fraction / np.maximum(fresh, 1.0))
     slowdown = hit / p.l2_speedup + (1.0 - hit)
-    memory = (prefix / p.memory + (q_and_o / p.memory
-                                   + b * q * kvh * (d + dv) * (act_bytes + kvb) / p.write_memory
-                                   + loads / p.kv_load) * slowdown) / bandwidth + b * q * kvh * p.write_token_ns * 1e-9
+    memory = (prefix / p.memory + (q_and_o / p.memory + loads / p.kv_load) * slowdown) / bandwidth
+    # the new K/V go into the paged cache by a kernel of their own before attention runs: it adds
+    write = (b * q * kvh * (d + dv) * (act_bytes + kvb) * slowdown / (bandwidth * p.write_memory)
+             + b * q * kvh * p.write_token_ns * 1e-9)
     fixed = p.fixed_us * 1e-6 + _strided_s(p, b, kvh) + np.zeros_like(memory)
-    return Times(fixed + soft_max(compute, memory, p.smoothness), compute, memory, fixed)
+    return Times(fixed + soft_max(compute, memory, p.smoothness) + write, compute, memory + write, fixed)
 
 
 def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidth: float, l2_bytes: float,

@@ -30,6 +30,8 @@ _REFERENCE_REUSE = 128 * 128 / (128 + 128)
 class MoeParams(ParamSet):
     compute: float = param(0.7, 0.05, 1.0, "fraction of the matrix peak of the largest row tile")
     tile_sensitivity: float = param(0.3, 0.0, 3.0, "efficiency loss of smaller row tiles")
+    wide_expert: float = param(0.0, 0.0, 2.0, "efficiency loss per doubling of the local expert width beyond "
+                               "4096 (long down-projection K loops; B200's Triton kernels)")
     k_latency_ns: float = param(1.0, 0.0, 20.0, "ns per K element of one tile's loop when latency-bound")
     memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth streaming expert weights")
     large_tile_memory: float = param(1.0, 0.05, 1.0, "the streaming rate, relative to `memory`, once the kernel "
@@ -49,11 +51,12 @@ def moe_time(p: MoeParams, compute_units: int, peak_flops: float, bandwidth: flo
     """`padded_tiles[..., i]`: sum over local experts of ceil(rows / BLOCK_M[i]) (routing.RoutingStats)."""
     t, h, i_l, k, pairs, active = arrays(tokens, hidden, inter_local, top_k, pairs_local, active_local)
     up = np.where(gated, 2.0, 1.0) * i_l
+    wide = 1.0 + p.wide_expert * np.maximum(0.0, np.log2(np.maximum(i_l, 1.0) / 4096.0))
     best = None
     for j, block_m in enumerate(BLOCK_M):
         rows = np.asarray(padded_tiles, dtype=float)[..., j]
         reuse = block_m * BLOCK_N / (block_m + BLOCK_N)
-        efficiency = p.compute / (1.0 + p.tile_sensitivity * (_REFERENCE_REUSE / reuse - 1.0))
+        efficiency = p.compute / ((1.0 + p.tile_sensitivity * (_REFERENCE_REUSE / reuse - 1.0)) * wide)
         per_k = np.maximum(2.0 * block_m * BLOCK_N / (peak_flops / compute_units * efficiency), p.k_latency_ns * 1e-9)
         gemms = 0.0
         for n_out, k_in in ((up, h), (h, i_l)):
