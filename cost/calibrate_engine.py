@@ -117,7 +117,7 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
                 continue
             rows = [t.rows[i] for i in fit_index]
             start = _start(key, base)
-            fresh = type(start)()
+            fresh = start.defaults_keeping_data()   # a restart from the defaults on the same kernel
             params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
                                        t.seconds[fit_index], restarts=() if fresh == start else (fresh,))
             _store(sections, key, params)

@@ -256,3 +256,11 @@ def test_moe_wide_experts_lose_efficiency_beyond_4096():
     plain, wide = MoeParams(), MoeParams(wide_expert=0.5)
     assert np.isclose(compute_s(wide, 4096), compute_s(plain, 4096))
     assert np.isclose(compute_s(wide, 16384) / compute_s(plain, 16384), 2.0, rtol=0.01)   # two doublings
+
+
+def test_a_restart_from_the_defaults_keeps_the_kernel_data():
+    """Calibration restarts each fit from the defaults: on the same kernel, never on default tile shapes."""
+    p = PrefillAttentionParams(tile_q=64, tile_k_by_head_dim=1, compute=0.3)
+    fresh = p.defaults_keeping_data()
+    assert (fresh.tile_q, fresh.tile_k_by_head_dim) == (64, 1)
+    assert fresh.compute == PrefillAttentionParams().compute

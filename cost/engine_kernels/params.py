@@ -29,6 +29,10 @@ class ParamSet:
     def fitted_names(cls) -> list[str]:
         return [f.name for f in fields(cls) if f.metadata.get("fitted", True)]
 
+    def defaults_keeping_data(self) -> "ParamSet":
+        """The default fitted values with this set's kernel data (tile shapes: fields not fitted) kept."""
+        return type(self)(**{f.name: getattr(self, f.name) for f in fields(self) if not f.metadata.get("fitted", True)})
+
     @classmethod
     def grids(cls) -> dict[str, tuple]:
         return {f.name: f.metadata["grid"] for f in fields(cls) if f.metadata.get("grid")}
