@@ -264,3 +264,12 @@ def test_a_restart_from_the_defaults_keeps_the_kernel_data():
     fresh = p.defaults_keeping_data()
     assert (fresh.tile_q, fresh.tile_k_by_head_dim) == (64, 1)
     assert fresh.compute == PrefillAttentionParams().compute
+
+
+def test_prefill_kv_write_has_a_per_token_cost_independent_of_kv_heads():
+    args = (132, 989e12, 67e12, 3.35e12, 50e6, 4, 1024, 0, 32)
+    plain, per_token = PrefillAttentionParams(write_row_ns=0.0), PrefillAttentionParams(write_row_ns=2.0)
+    for kv in (1, 8):
+        extra = float(prefill_attention_time(per_token, *args, kv, 128).seconds
+                      - prefill_attention_time(plain, *args, kv, 128).seconds)
+        assert np.isclose(extra, 4 * 1024 * 2.0e-9)

@@ -52,6 +52,8 @@ class PrefillAttentionParams(ParamSet):
     smoothness: float = param(2.0, 1.0, 10.0, "p of the soft max of compute and memory time", starts=(4.0,))
     write_memory: float = param(0.5, 0.01, 1.0, "fraction of HBM bandwidth writing new K/V into the paged cache")
     write_token_ns: float = param(1.0, 0.0, 200.0, "paged-cache write per (token, KV head), ns")
+    write_row_ns: float = param(0.0, 0.0, 200.0, "paged-cache write per token, all its KV heads (the write kernel "
+                                "takes a CTA per token: latency-bound when a token's K/V are few bytes), ns")
     kv_load: float = param(2.0, 0.05, 20.0, "bandwidth of the CTAs' K/V tile loads (mostly L2 hits) over HBM's")
     pack_gqa: float = param(0.0, 0.0, 1.0, "1: the kernel packs a KV head's query heads whenever that takes fewer "
                             "tiles (FlashAttention-3's rule); 0: only when they fit one tile", grid=(0.0, 1.0))
@@ -162,7 +164,7 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     memory = (prefix / p.memory + (q_and_o / p.memory + loads / p.kv_load) * slowdown) / bandwidth
     # the new K/V go into the paged cache by a kernel of their own before attention runs: it adds
     write = (b * q * kvh * (d + dv) * (act_bytes + kvb) * slowdown / (bandwidth * p.write_memory)
-             + b * q * kvh * p.write_token_ns * 1e-9)
+             + b * q * (kvh * p.write_token_ns + p.write_row_ns) * 1e-9)
     fixed = p.fixed_us * 1e-6 + _strided_s(p, b, kvh) + np.zeros_like(memory)
     return Times(fixed + soft_max(compute, memory, p.smoothness) + write, compute, memory + write, fixed)
 
