@@ -9,7 +9,7 @@ For each table the newest collected version is read. Reading parquet needs pyarr
 Semantics (read from the collectors and checked against the numbers): latency is ms per call, timed as
 CUDA-graph replays; generation attention is one query over step + 1 keys in vLLM >= 0.22 collectors (step
 keys before); message sizes of the all-reduce tables count 2-byte elements per GPU; vLLM's MoE collectors
-before 0.17 built every layer with gate and up projections, relu^2 models' too.
+before 0.17 and SGLang's before 0.5.14 built every layer with gate and up projections, relu^2 models' too.
 """
 from __future__ import annotations
 
@@ -111,9 +111,17 @@ def _gated(hidden: int, experts: int, top_k: int) -> bool:
     return not ((experts, top_k) == (512, 22) or (experts, top_k, hidden) == (128, 6, 2688))
 
 
+_GATED_ONLY_COLLECTORS = {"vllm": "0.17", "sglang": "0.5.14"}   # the first versions that build relu^2 layers
+
+
+def _relu2_timed_gated(engine: str, version: str) -> bool:
+    """Older vLLM and SGLang MoE collectors built every layer with gate and up projections, relu^2 models' too."""
+    first = _GATED_ONLY_COLLECTORS.get(engine)
+    return first is not None and _version_key(version) < _version_key(first)
+
+
 def _moe(t, relu2_timed_gated: bool = False) -> tuple[list, list]:
-    """`relu2_timed_gated`: the collector built every layer with gate and up projections (vLLM's before 0.17),
-    so a relu^2 model's rows time gated work."""
+    """`relu2_timed_gated`: the collector timed a relu^2 model's layers as gated work."""
     rows, ms = [], []
     for i, lat in enumerate(t["latency"]):
         dtype = _MOE_DTYPES.get(t["moe_dtype"][i])
@@ -173,8 +181,7 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
             keys_after_step = engine != "vllm" or _version_key(version) >= _version_key("0.22")
             add(f"{phase}_attention", f, _attention(store.read(f), phase, keys_after_step))
     if f := store.find(system, "moe", engine, "moe_perf.parquet"):
-        legacy = engine == "vllm" and _version_key(f.split("/")[-2]) < _version_key("0.17")
-        add("moe", f, _moe(store.read(f), relu2_timed_gated=legacy))
+        add("moe", f, _moe(store.read(f), relu2_timed_gated=_relu2_timed_gated(engine, f.split("/")[-2])))
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):
         add("custom_allreduce", f, _allreduce(store.read(f), "custom"))
     if f := store.find(system, "comm", "nccl", "nccl_perf.parquet"):

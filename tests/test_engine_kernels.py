@@ -273,3 +273,10 @@ def test_prefill_kv_write_has_a_per_token_cost_independent_of_kv_heads():
         extra = float(prefill_attention_time(per_token, *args, kv, 128).seconds
                       - prefill_attention_time(plain, *args, kv, 128).seconds)
         assert np.isclose(extra, 4 * 1024 * 2.0e-9)
+
+
+def test_older_moe_collectors_timed_relu2_layers_as_gated_work():
+    from cost.kernel_db import _relu2_timed_gated
+    assert _relu2_timed_gated("vllm", "0.14.0") and _relu2_timed_gated("sglang", "0.5.10")
+    assert not _relu2_timed_gated("vllm", "0.24.0") and not _relu2_timed_gated("sglang", "0.5.14")
+    assert not _relu2_timed_gated("trtllm", "1.0.0")
