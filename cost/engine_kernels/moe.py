@@ -6,7 +6,8 @@ holds E/ep whole experts. In vLLM's default EP every token passes through every 
 permutation, and only the pairs routed to local experts reach the GEMMs (`tokens` = all tokens on the
 rank). Dispatch-style EP (DeepEP) sends each rank only its pairs: the caller passes those tokens.
 
-    GEMMs   = for the best row tile: waves of (padded expert rows x output tiles) x tile time
+    GEMMs   = for the best row tile: waves of (padded expert rows x output tiles) x tile time (tiles of experts
+              wider than 4096 run slower, by a fitted share per doubling: B200's Triton kernels)
     memory  = active experts' weights + activations, over HBM bandwidth (at its own rate once the rows per
               expert make the kernel take its large-row-tile configuration)
     time    = fixed + tokens x token latency + pairs x pair latency + active experts x expert latency
