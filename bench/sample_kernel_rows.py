@@ -1,6 +1,7 @@
 """Write small samples of the kernel tables (held-out rows only) for the tests: tests/data/kernel_tables/.
 
-    python bench/sample_kernel_rows.py --kernel-db aiconfigurator_core-0.12.0-*.whl [--per-group 6]
+    python bench/sample_kernel_rows.py --kernel-db aiconfigurator_core-0.12.0-*.whl [--engine vllm]
+        [--systems h100_sxm,...] [--per-group 6]
 
 Each output line is a `python -m cost.kernel` row plus "measured_ms" and "source" (the table file).
 The tests check the bundled profiles against them, so CI never needs the 81 MB wheel.
@@ -35,12 +36,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kernel-db", required=True)
     p.add_argument("--engine", default="vllm")
+    p.add_argument("--systems", default=",".join(SYSTEM_PROFILES), help="comma-separated (default: every fitted one)")
     p.add_argument("--per-group", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(7)
-    for system in SYSTEM_PROFILES:
+    for system in args.systems.split(","):
         lines = []
         for name, t in load_tables(args.kernel_db, system, args.engine).items():
             if name == "quant":

@@ -22,21 +22,22 @@ SAMPLES = Path(__file__).parent / "data" / "kernel_tables"
 CALIBRATED = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100", "l40s": "l40s"}
 
 
-def _sample(system):
+def _sample(system, engine="vllm"):
     rows, measured = [], []
-    for i, line in enumerate((SAMPLES / f"{system}_vllm.jsonl").read_text().splitlines(), 1):
+    for i, line in enumerate((SAMPLES / f"{system}_{engine}.jsonl").read_text().splitlines(), 1):
         obj = json.loads(line)
         rows.append(parse_row(obj, i))
         measured.append(obj["measured_ms"] * 1e-3)
     return rows, np.array(measured)
 
 
-@pytest.mark.parametrize("system", sorted(CALIBRATED))
-def test_bundled_calibration_predicts_held_out_table_rows(system):
+@pytest.mark.parametrize("system, engine", [(s, "vllm") for s in sorted(CALIBRATED)]
+                         + [(s, "sglang") for s in ("a100_sxm", "h100_sxm", "h200_sxm")])
+def test_bundled_calibration_predicts_held_out_table_rows(system, engine):
     hw = load_profile(CALIBRATED[system])
-    cal = hw.engine("vllm")
-    assert cal.origin.startswith("fitted") and system in cal.origin
-    rows, measured = _sample(system)
+    cal = hw.engine(engine)
+    assert cal.origin.startswith("fitted") and system in cal.origin and engine in cal.origin
+    rows, measured = _sample(system, engine)
     err = np.abs(price_rows(cal, hw, rows) / measured - 1.0)
     assert np.all(np.isfinite(err))
     assert np.median(err) < 0.15, f"{system}: median error {np.median(err):.1%} on held-out table rows"
