@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost.calibrate_engine import SYSTEM_PROFILES, calibrate, split  # noqa: E402
 from cost.kernel_db import load_tables  # noqa: E402
-from cost.kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow, price_rows  # noqa: E402
+from cost.kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow, group_key, price_group  # noqa: E402
 from cost.kernels import attention_time, experts_time, gemm_time  # noqa: E402
 from cost.parallel import all_reduce_seconds  # noqa: E402
-from cost.profile import load_profile  # noqa: E402
+from cost.profile import ProfileError, load_profile  # noqa: E402
 from tracer.attention import attention_bytes, attention_flops, attention_work  # noqa: E402
 from tracer.work import ExpertsWork, GemmShape  # noqa: E402
 from tracer.experts import expected_active_experts, experts_flops  # noqa: E402
@@ -88,6 +88,13 @@ def kind(name: str, row) -> str:
     return f"allreduce {row.impl} x{row.gpus}"
 
 
+def _groups_of(rows: list) -> dict[tuple, list[int]]:
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(group_key(row), []).append(i)
+    return groups
+
+
 def summary(err: np.ndarray) -> dict:
     a = np.abs(err)
     return {"n": int(len(a)), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
@@ -108,13 +115,20 @@ def evaluate(system: str, engine: str, db: str, refit: bool, seed: int) -> dict:
     for name, t in tables.items():
         if name == "quant":
             continue
-        pred = price_rows(cal, hw, t.rows)
+        pred = np.full(len(t.rows), np.nan)
+        for key, index in _groups_of(t.rows).items():
+            try:
+                pred[index] = price_group(cal, hw, key, [t.rows[i] for i in index]).seconds
+            except ProfileError as e:   # an inherited calibration may lack a format this table has
+                print(f"{system}: {len(index)} {'/'.join(map(str, key))} rows not priced: {e}", file=sys.stderr)
         err = pred / t.seconds - 1.0
         held = ~split(len(t.rows), seed)
         # the previous model on a sample of the held-out rows (its scalar formulas are slow on whole tables)
         legacy_sample = np.flatnonzero(held)[:: max(1, held.sum() // 3000)]
         legacy = {i: legacy_seconds(t.rows[i], hw) / t.seconds[i] - 1.0 for i in legacy_sample}
         for i, row in enumerate(t.rows):
+            if np.isnan(err[i]):
+                continue
             k = kind(name, row)
             result["every_row"].setdefault(k, []).append(err[i])
             if (a := acceptance_kind(row)) is not None:

@@ -120,13 +120,15 @@ def _relu2_timed_gated(engine: str, version: str) -> bool:
     return first is not None and _version_key(version) < _version_key(first)
 
 
-def _moe(t, relu2_timed_gated: bool = False) -> tuple[list, list]:
-    """`relu2_timed_gated`: the collector timed a relu^2 model's layers as gated work."""
+def _moe(t, relu2_timed_gated: bool = False, single_rank_ep: bool = True) -> tuple[list, list]:
+    """`relu2_timed_gated`: the collector timed a relu^2 model's layers as gated work. `single_rank_ep`: its
+    expert-parallel rows time what one serving rank runs (SGLang's collector instead feeds only the tokens
+    that reach rank 0 and computes their remote slots on expert 0, work no serving rank does: skipped)."""
     rows, ms = [], []
     for i, lat in enumerate(t["latency"]):
         dtype = _MOE_DTYPES.get(t["moe_dtype"][i])
         tp, ep = int(t["moe_tp_size"][i]), int(t["moe_ep_size"][i])
-        if dtype is None or (tp > 1 and ep > 1):
+        if dtype is None or (tp > 1 and ep > 1) or (ep > 1 and not single_rank_ep):
             continue
         hidden, experts, top_k = int(t["hidden_size"][i]), int(t["num_experts"][i]), int(t["topk"][i])
         rows.append(MoeRow(int(t["num_tokens"][i]), hidden, int(t["inter_size"][i]), experts, top_k, tp, ep, dtype,
@@ -181,7 +183,8 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
             keys_after_step = engine != "vllm" or _version_key(version) >= _version_key("0.22")
             add(f"{phase}_attention", f, _attention(store.read(f), phase, keys_after_step))
     if f := store.find(system, "moe", engine, "moe_perf.parquet"):
-        add("moe", f, _moe(store.read(f), relu2_timed_gated=_relu2_timed_gated(engine, f.split("/")[-2])))
+        add("moe", f, _moe(store.read(f), relu2_timed_gated=_relu2_timed_gated(engine, f.split("/")[-2]),
+                           single_rank_ep=engine != "sglang"))
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):
         add("custom_allreduce", f, _allreduce(store.read(f), "custom"))
     if f := store.find(system, "comm", "nccl", "nccl_perf.parquet"):

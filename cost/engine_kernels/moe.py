@@ -11,7 +11,7 @@ rank). Dispatch-style EP (DeepEP) sends each rank only its pairs: the caller pas
     memory  = active experts' weights + activations, over HBM bandwidth (at its own rate once the rows per
               expert make the kernel take its large-row-tile configuration)
     time    = fixed + tokens x token latency + pairs x pair latency + active experts x expert latency
-              + soft_max(GEMMs, memory)
+              + soft_max(GEMMs, memory)   (x `ungated` for a non-gated layer an engine runs on another kernel)
 """
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ class MoeParams(ParamSet):
     pair_ns: float = param(1.0, 0.0, 200.0, "alignment and combine per (token, expert) pair, ns")
     expert_us: float = param(0.3, 0.0, 20.0, "per active local expert (group scheduling), us")
     smoothness: float = param(2.0, 1.0, 10.0, "p of the soft max of GEMM and memory time")
+    ungated: float = param(1.0, 0.2, 5.0, "time of a non-gated (relu^2) layer relative to the model's: engines may "
+                           "run it through another kernel (SGLang's generic fused-MoE layer)")
 
 
 def moe_time(p: MoeParams, compute_units: int, peak_flops: float, bandwidth: float, tokens, hidden, inter_local,
@@ -69,4 +71,5 @@ def moe_time(p: MoeParams, compute_units: int, peak_flops: float, bandwidth: flo
     large = pairs / np.maximum(active, 1.0) > p.large_tile_rows
     memory = (weights + activations) / (bandwidth * p.memory * np.where(large, p.large_tile_memory, 1.0))
     fixed = (p.fixed_us * 1e-6 + t * p.token_ns * 1e-9 + t * k * p.pair_ns * 1e-9 + active * p.expert_us * 1e-6)
-    return Times(fixed + soft_max(best, memory, p.smoothness), best, memory, fixed)
+    kernel = np.where(gated, 1.0, p.ungated)
+    return Times(fixed + kernel * soft_max(best, memory, p.smoothness), best, memory, fixed)
