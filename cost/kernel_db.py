@@ -42,6 +42,11 @@ class KernelTable:
     seconds: np.ndarray
 
 
+def _version(file: str) -> str:
+    """The collector version a table file sits under (`<system>/<op>/<framework>/<version>/<table>`)."""
+    return file.split("/")[-2]
+
+
 def _version_key(version: str) -> tuple:
     parts = re.findall(r"\d+|[a-z]+", version.lower())
     return tuple((0, int(p)) if p.isdigit() else (-1, p) for p in parts)
@@ -111,19 +116,35 @@ def _gated(hidden: int, experts: int, top_k: int) -> bool:
     return not ((experts, top_k) == (512, 22) or (experts, top_k, hidden) == (128, 6, 2688))
 
 
-_GATED_ONLY_COLLECTORS = {"vllm": "0.17", "sglang": "0.5.14"}   # the first versions that build relu^2 layers
+@dataclass(frozen=True)
+class Collector:
+    """Where one engine's collectors time something else than the rows say, by collector version."""
+    step_keys_until: str | None = None     # decode rows attend `step` keys before this version (step + 1 after)
+    gated_relu2_until: str | None = None   # MoE layers of relu^2 models were built gated before this version
+    single_rank_ep: bool = True            # expert-parallel MoE rows time what one serving rank runs
+
+    def keys_after_step(self, version: str) -> bool:
+        return not _before(version, self.step_keys_until)
+
+    def relu2_timed_gated(self, version: str) -> bool:
+        return _before(version, self.gated_relu2_until)
 
 
-def _relu2_timed_gated(engine: str, version: str) -> bool:
-    """Older vLLM and SGLang MoE collectors built every layer with gate and up projections, relu^2 models' too."""
-    first = _GATED_ONLY_COLLECTORS.get(engine)
+def _before(version: str, first: str | None) -> bool:
     return first is not None and _version_key(version) < _version_key(first)
 
 
+COLLECTORS = {
+    "vllm": Collector(step_keys_until="0.22", gated_relu2_until="0.17"),
+    # SGLang's expert-parallel rows feed only the tokens that reach rank 0 and compute their remote slots on
+    # expert 0, work no serving rank does
+    "sglang": Collector(gated_relu2_until="0.5.14", single_rank_ep=False),
+}
+
+
 def _moe(t, relu2_timed_gated: bool = False, single_rank_ep: bool = True) -> tuple[list, list]:
-    """`relu2_timed_gated`: the collector timed a relu^2 model's layers as gated work. `single_rank_ep`: its
-    expert-parallel rows time what one serving rank runs (SGLang's collector instead feeds only the tokens
-    that reach rank 0 and computes their remote slots on expert 0, work no serving rank does: skipped)."""
+    """`relu2_timed_gated`: the collector timed a relu^2 model's layers as gated work. Expert-parallel rows that
+    do not time one serving rank's work (`single_rank_ep` false) are skipped."""
     rows, ms = [], []
     for i, lat in enumerate(t["latency"]):
         dtype = _MOE_DTYPES.get(t["moe_dtype"][i])
@@ -166,6 +187,7 @@ def _quant(static, dynamic_extra) -> tuple[list, list]:
 def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
     """Every kernel table of `engine` on `system` that the store holds, as typed rows and measured seconds."""
     store = _Store(path)
+    collector = COLLECTORS.get(engine, Collector())
     if system not in store.systems():
         raise KernelDBError(f"{path}: no tables for system '{system}' (systems: {', '.join(store.systems())})")
     out: dict[str, KernelTable] = {}
@@ -179,12 +201,9 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
         add("gemm", f, _gemm(store.read(f)))
     for table, phase in (("context_attention_perf.parquet", "prefill"), ("generation_attention_perf.parquet", "decode")):
         if f := store.find(system, "attention", engine, table):
-            version = f.split("/")[-2]
-            keys_after_step = engine != "vllm" or _version_key(version) >= _version_key("0.22")
-            add(f"{phase}_attention", f, _attention(store.read(f), phase, keys_after_step))
+            add(f"{phase}_attention", f, _attention(store.read(f), phase, collector.keys_after_step(_version(f))))
     if f := store.find(system, "moe", engine, "moe_perf.parquet"):
-        add("moe", f, _moe(store.read(f), relu2_timed_gated=_relu2_timed_gated(engine, f.split("/")[-2]),
-                           single_rank_ep=engine != "sglang"))
+        add("moe", f, _moe(store.read(f), collector.relu2_timed_gated(_version(f)), collector.single_rank_ep))
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):
         add("custom_allreduce", f, _allreduce(store.read(f), "custom"))
     if f := store.find(system, "comm", "nccl", "nccl_perf.parquet"):

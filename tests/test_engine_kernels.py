@@ -278,10 +278,13 @@ def test_prefill_kv_write_has_a_per_token_cost_independent_of_kv_heads():
 
 
 def test_older_moe_collectors_timed_relu2_layers_as_gated_work():
-    from cost.kernel_db import _relu2_timed_gated
-    assert _relu2_timed_gated("vllm", "0.14.0") and _relu2_timed_gated("sglang", "0.5.10")
-    assert not _relu2_timed_gated("vllm", "0.24.0") and not _relu2_timed_gated("sglang", "0.5.14")
-    assert not _relu2_timed_gated("trtllm", "1.0.0")
+    from cost.kernel_db import COLLECTORS, Collector
+    vllm, sglang, trtllm = COLLECTORS["vllm"], COLLECTORS["sglang"], COLLECTORS.get("trtllm", Collector())
+    assert vllm.relu2_timed_gated("0.14.0") and sglang.relu2_timed_gated("0.5.10")
+    assert not vllm.relu2_timed_gated("0.24.0") and not sglang.relu2_timed_gated("0.5.14")
+    assert not trtllm.relu2_timed_gated("1.0.0")
+    # decode rows: step keys before vLLM 0.22, step + 1 after and in every other engine's collectors
+    assert not vllm.keys_after_step("0.14.0") and vllm.keys_after_step("0.24.0") and trtllm.keys_after_step("1.0.0")
 
 
 def test_a_non_gated_layer_can_run_another_kernel():
