@@ -22,9 +22,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost.calibrate_engine import SYSTEM_PROFILES, calibrate, split  # noqa: E402
+from cli.common import run_main  # noqa: E402
+from cost.calibrate_engine import SYSTEM_PROFILES, calibrate, split, system_list  # noqa: E402
+from cost.engines import DEFAULT_ENGINE, ENGINES  # noqa: E402
 from cost.kernel_db import load_tables  # noqa: E402
-from cost.kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow, group_key, price_group  # noqa: E402
+from cost.kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow, group_rows, price_group  # noqa: E402
 from cost.kernels import attention_time, experts_time, gemm_time  # noqa: E402
 from cost.parallel import all_reduce_seconds  # noqa: E402
 from cost.profile import ProfileError, load_profile  # noqa: E402
@@ -32,7 +34,6 @@ from tracer.attention import attention_bytes, attention_flops, attention_work  #
 from tracer.work import ExpertsWork, GemmShape  # noqa: E402
 from tracer.experts import expected_active_experts, experts_flops  # noqa: E402
 
-SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "a100_sxm", "l40s")
 _LEGACY_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "int4": "bf16"}
 _WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "nvfp4": 0.5, "int4": 0.5}
 
@@ -88,13 +89,6 @@ def kind(name: str, row) -> str:
     return f"allreduce {row.impl} x{row.gpus}"
 
 
-def _groups_of(rows: list) -> dict[tuple, list[int]]:
-    groups: dict[tuple, list[int]] = {}
-    for i, row in enumerate(rows):
-        groups.setdefault(group_key(row), []).append(i)
-    return groups
-
-
 def summary(err: np.ndarray) -> dict:
     a = np.abs(err)
     return {"n": int(len(a)), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
@@ -116,7 +110,7 @@ def evaluate(system: str, engine: str, db: str, refit: bool, seed: int) -> dict:
         if name == "quant":
             continue
         pred = np.full(len(t.rows), np.nan)
-        for key, index in _groups_of(t.rows).items():
+        for key, index in group_rows(t.rows).items():
             try:
                 pred[index] = price_group(cal, hw, key, [t.rows[i] for i in index]).seconds
             except ProfileError as e:   # an inherited calibration may lack a format this table has
@@ -229,14 +223,17 @@ def whole_model() -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kernel-db", required=True, help="the aiconfigurator-core wheel or its unzipped folder")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--engine", default="vllm")
+    p.add_argument("--systems", type=system_list, default=list(SYSTEM_PROFILES))
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES))
     p.add_argument("--refit", action="store_true", help="refit on the seeded half instead of using the profiles")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    return run_main(report, p.parse_args(argv))   # tables that cannot be read: one line, exit 2
+
+
+def report(args) -> int:
     results = []
-    for system in args.systems.split(","):
+    for system in args.systems:
         start = time.time()
         r = evaluate(system, args.engine, args.kernel_db, args.refit, args.seed)
         results.append(r)

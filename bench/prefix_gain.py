@@ -19,6 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli.common import positive_int, run_main  # noqa: E402
+from cli.inference.throughput_optimizer import int_list  # noqa: E402
+from cost.engines import DEFAULT_ENGINE, ENGINES  # noqa: E402
 from cost.profile import load_profile  # noqa: E402
 from serving.layouts import Layout  # noqa: E402
 from serving.search import EngineSettings, LatencyLimits, Searcher, Workload  # noqa: E402
@@ -34,22 +37,25 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="llama-3.1-70b")
     p.add_argument("--device", default="h200")
-    p.add_argument("--tp", type=int, default=8)
-    p.add_argument("--engine", default="vllm")
-    p.add_argument("--outputs", default="1024,256", help="output lengths to try (comma-separated)")
-    p.add_argument("--concurrency", default="32,64,128")
+    p.add_argument("--tp", type=positive_int, default=8)
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES))
+    p.add_argument("--outputs", type=int_list, default=[1024, 256], help="output lengths to try (comma-separated)")
+    p.add_argument("--concurrency", type=int_list, default=[32, 64, 128])
     p.add_argument("--verify", action="store_true", help="also simulate both setups")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    return run_main(measure, p.parse_args(argv))   # a bad model, device or setup: one line, exit 2
+
+
+def measure(args) -> int:
     spec, hw = resolve_model(args.model), load_profile(args.device)
     settings = EngineSettings(engine=args.engine)
     layout = Layout(args.tp)
     rows = []
-    for output in map(int, args.outputs.split(",")):
+    for output in args.outputs:
         shared = Searcher(spec, hw, TraceOptions(), Workload(SHARED + UNIQUE, output, SHARED, True), settings,
                           LatencyLimits())
         unique = Searcher(spec, hw, TraceOptions(), Workload(SHARED + UNIQUE, output, 0), settings, LatencyLimits())
-        for users in map(int, args.concurrency.split(",")):
+        for users in args.concurrency:
             load = Load(CONCURRENCY, users)
             hit, miss = shared.mixed(layout, load), unique.mixed(layout, load)
             row = {"output": output, "concurrency": users, "gain": hit.output_tokens_per_s / miss.output_tokens_per_s,

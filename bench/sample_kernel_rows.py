@@ -18,7 +18,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost.calibrate_engine import SYSTEM_PROFILES, split  # noqa: E402
+from cli.common import positive_int, run_main  # noqa: E402
+from cost.calibrate_engine import SYSTEM_PROFILES, split, system_list  # noqa: E402
+from cost.engines import DEFAULT_ENGINE, ENGINES  # noqa: E402
 from cost.kernel_db import load_tables  # noqa: E402
 from cost.kernel_rows import ROW_TYPES, group_key  # noqa: E402
 
@@ -35,14 +37,18 @@ def row_json(row) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kernel-db", required=True)
-    p.add_argument("--engine", default="vllm")
-    p.add_argument("--systems", default=",".join(SYSTEM_PROFILES), help="comma-separated (default: every fitted one)")
-    p.add_argument("--per-group", type=int, default=6)
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES))
+    p.add_argument("--systems", type=system_list, default=list(SYSTEM_PROFILES),
+                   help="comma-separated (default: every fitted one)")
+    p.add_argument("--per-group", type=positive_int, default=6)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    return run_main(write_samples, p.parse_args(argv))   # tables that cannot be read: one line, exit 2
+
+
+def write_samples(args) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(7)
-    for system in args.systems.split(","):
+    for system in args.systems:
         lines = []
         for name, t in load_tables(args.kernel_db, system, args.engine).items():
             if name == "quant":

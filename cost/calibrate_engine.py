@@ -14,7 +14,7 @@ import numpy as np
 from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
                              PrefillAttentionParams, StreamParams, quant_time)
 from .kernel_db import KernelTable
-from .kernel_rows import group_key, price_group
+from .kernel_rows import group_rows, price_group
 from .profile import HardwareProfile
 
 MAX_FIT_ROWS = 4000   # a random subset of the fit half bounds the time of each fit
@@ -68,10 +68,7 @@ class FitReport:
 
 
 def _groups(table: KernelTable) -> dict[tuple, np.ndarray]:
-    groups: dict[tuple, list[int]] = {}
-    for i, row in enumerate(table.rows):
-        groups.setdefault(group_key(row), []).append(i)
-    return {k: np.array(v) for k, v in groups.items()}
+    return {k: np.array(v) for k, v in group_rows(table.rows).items()}
 
 
 def _subset(index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -152,6 +149,17 @@ def _store(sections: dict, key: tuple, params) -> None:
 
 
 SYSTEM_PROFILES = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100", "l40s": "l40s"}
+
+
+def system_list(text: str) -> list[str]:
+    """argparse type: comma-separated table systems that have a bundled profile."""
+    import argparse
+    systems = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEM_PROFILES]
+    if unknown or not systems:
+        raise argparse.ArgumentTypeError(f"unknown system '{unknown[0] if unknown else text}' "
+                                         f"(choose from {', '.join(SYSTEM_PROFILES)})")
+    return systems
 
 
 def held_out_errors(cal: EngineCalibration, hw: HardwareProfile, tables: dict[str, KernelTable], seed: int = 0,

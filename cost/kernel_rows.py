@@ -235,12 +235,17 @@ def price_group(cal: EngineCalibration, hw: HardwareProfile, key: tuple, rows: l
     return allreduce_rows_time(cal, key[1], key[2], _columns(rows, "bytes")[0], params)
 
 
-def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.ndarray:
-    """Seconds per row, in row order; rows of one kernel model are priced in one vectorized call."""
+def group_rows(rows: list) -> dict[tuple, list[int]]:
+    """Row indices by the kernel model that prices them (`group_key`), in first-seen order."""
     groups: dict[tuple, list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault(group_key(row), []).append(i)
+    return groups
+
+
+def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.ndarray:
+    """Seconds per row, in row order; rows of one kernel model are priced in one vectorized call."""
     seconds = np.zeros(len(rows))
-    for key, index in groups.items():
+    for key, index in group_rows(rows).items():
         seconds[index] = price_group(cal, hw, key, [rows[i] for i in index]).seconds
     return seconds
