@@ -23,9 +23,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost.engines import ServingOverheads  # noqa: E402
-from serving.published import METRICS, Predictor, load_published  # noqa: E402
+from serving.published import METRICS, Predictor, load_published, rate_within_limits  # noqa: E402
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e" / "published.jsonl"
+DEFAULT_DATA = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e").glob("*.jsonl"))
 
 
 def errors(rows: list[tuple]) -> dict:
@@ -35,7 +35,8 @@ def errors(rows: list[tuple]) -> dict:
         for m in METRICS:
             if m in run.measured and m in pred:
                 e = pred[m] / run.measured[m] - 1
-                for key in (("all",), (run.source_kind,), (run.source_kind, run.device),
+                release = f"{run.engine} {run.release or '(commit only)'}"
+                for key in (("all",), (run.source_kind,), ("release", release), (run.source_kind, run.device),
                             (run.source_kind, run.device, run.model)):
                     out[key][m].append(e)
     return out
@@ -73,22 +74,51 @@ def predict_all(runs, predictor: Predictor, overheads: ServingOverheads | None =
     return out
 
 
+def limit_rates(runs, predictor: Predictor) -> list[tuple]:
+    """(run, predicted highest rate within the p99 limits, the submitter's rate) for rows with latency limits."""
+    out = []
+    for run in runs:
+        if run.latency_limits and run.load.kind == "rate":
+            try:
+                out.append((run, rate_within_limits(predictor, run), run.load.value * run.replicas))
+            except (ValueError, RuntimeError) as e:
+                print(f"{run.id}: no rate within limits: {e}", file=sys.stderr)
+    return out
+
+
+def limits_table(rates: list[tuple]) -> str:
+    groups: dict = defaultdict(list)
+    for run, predicted, submitted in rates:
+        scenario = run.id.rsplit("-", 1)[-1]
+        for key in (("all",), (run.source_kind, scenario), (run.source_kind, scenario, run.device)):
+            groups[key].append(predicted / submitted - 1)
+    lines = ["| group | rows | median | p90 | max | signed median |", "|---|---|---|---|---|---|"]
+    for key in sorted(groups, key=lambda k: (len(k) > 1, k)):
+        s = stats(groups[key])
+        lines.append(f"| {' / '.join(key)} | {s['n']} | {s['median']:.1%} | {s['p90']:.1%} | {s['max']:.1%} | "
+                     f"{s['signed_median']:+.1%} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="published.jsonl (default: the shared dev set)")
+    p.add_argument("--data", nargs="+", default=DEFAULT_DATA, help="JSONL files of runs (default: every file of the shared dev set)")
     p.add_argument("--sample", type=int, default=0, help="every K-th row only (quick checks)")
     p.add_argument("--device", default=None, help="only rows on this tracecost device (e.g. h100)")
     p.add_argument("--precision", default=None, help="only rows of this weight precision (e.g. fp8)")
     p.add_argument("--overheads", default="fitted", choices=["fitted", "defaults"],
                    help="engine overheads: the fitted ones (cost/engine_serving.json) or the unfitted defaults")
     p.add_argument("--rows", action="store_true", help="also print every row's prediction")
+    p.add_argument("--no-limits", action="store_true",
+                   help="skip the highest-rate-within-p99-limits check of the MLPerf Server/Interactive rows")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    if not Path(args.data).is_file():
-        print(f"error: {args.data}: no such file (the development set lives in ../shared/measurements/e2e/)",
-              file=sys.stderr)
+    missing = [d for d in args.data if not Path(d).is_file()]
+    if missing or not args.data:
+        print(f"error: {(missing or ['--data'])[0]}: no such file (the development set lives in "
+              f"../shared/measurements/e2e/)", file=sys.stderr)
         return 2
-    runs, skipped = load_published(args.data)
+    runs, skipped = load_published(*args.data)
     runs = [r for r in runs if (args.device is None or r.device == args.device)
             and (args.precision is None or r.dtype == args.precision)]
     if not runs:
@@ -98,16 +128,22 @@ def main(argv=None) -> int:
     if args.sample > 1:
         runs = runs[::args.sample]
     t0 = time.time()
-    rows = predict_all(runs, Predictor(), ServingOverheads() if args.overheads == "defaults" else None)
+    predictor = Predictor()
+    rows = predict_all(runs, predictor, ServingOverheads() if args.overheads == "defaults" else None)
     errs = errors(rows)
+    rates = [] if args.no_limits else limit_rates(runs, predictor)
     if args.json:
         print(json.dumps({"rows": len(rows), "skipped": skipped, "seconds": time.time() - t0,
                           "groups": {" / ".join(k): {m: stats(v) for m, v in ms.items()} for k, ms in errs.items()},
+                          "rate_within_limits": [{"id": r.id, "predicted": p, "submitted": s} for r, p, s in rates],
                           "predictions": [{"id": r.id, "measured": r.measured, "predicted": pr} for r, pr in rows]},
                          indent=1))
         return 0
     print(f"{len(rows)} rows predicted in {time.time() - t0:.0f} s ({len(skipped)} skipped)\n")
     print(table(errs))
+    if rates:
+        print("\nHighest request rate within the p99 TTFT/TPOT limits, predicted against the submitter's rate:\n")
+        print(limits_table(rates))
     if args.rows:
         print("\n| id | model | gpu | tp | isl/osl | load | metric | predicted | measured | error |")
         print("|---|---|---|---|---|---|---|---|---|---|")

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from cost.engines import DEFAULT_ENGINE, ENGINES
+from cost.engines import DEFAULT_ENGINE, ENGINES, parse_engine, resolve_overheads
 from cost.execution import EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
 from cost.layout_checks import Layout, LayoutError, LayoutReport, ModelFacts, check_layout
 from cost.profile import ProfileError
@@ -130,12 +130,28 @@ def positive_int(text: str) -> int:
     return value
 
 
+class EngineAction(argparse.Action):
+    """--engine NAME[==RELEASE]: stores the engine in `engine` and the release asked for in `engine_release`."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        try:
+            name, release = parse_engine(value)
+            if release is not None:
+                resolve_overheads(name, release)     # a release without data is refused here, not priced
+        except ValueError as e:
+            parser.error(f"argument --engine: {e}")
+        namespace.engine, namespace.engine_release = name, release
+
+
 def add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", required=True, help="hardware profile name/alias (python -m hw_profiles) or .json path")
     p.add_argument("--execution", default="engine", choices=EXECUTIONS,
                    help="engine: a serving engine's kernels (default); eager: HF transformers, unfused")
-    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES),
-                   help=f"serving engine whose fitted kernel models price the step (default {DEFAULT_ENGINE})")
+    p.add_argument("--engine", default=DEFAULT_ENGINE, action=EngineAction, metavar="{" + ",".join(ENGINES) + "}[==R]",
+                   help=f"serving engine whose fitted kernel models and overheads price the step (default "
+                        f"{DEFAULT_ENGINE}); ENGINE==RELEASE (trtllm==0.17) picks an older release with "
+                        f"end-to-end data, ENGINE alone the newest")
+    p.set_defaults(engine_release=None)
     p.add_argument("--ep-style", default=EP_ALL_TOKENS, choices=EP_STYLES,
                    help="expert parallelism: all-tokens (vLLM's default: every rank routes every token, partial "
                         "outputs all-reduced) or dispatch (DeepEP-style all-to-all to the experts' ranks)")

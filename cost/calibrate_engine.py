@@ -77,11 +77,11 @@ def _subset(index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, origin: str, seed: int = 0,
               fraction: float = 0.5, base: EngineCalibration | None = None, progress=None,
-              only: set[str] | None = None) -> EngineCalibration:
+              only: set[str] | None = None, release: str | None = None) -> EngineCalibration:
     """Fit every kernel model the tables cover (or the tables named in `only`, keeping `base` for the rest);
     `base` also supplies starting points and the sections no table covers."""
     rng = np.random.default_rng(seed + 1)
-    cal = EngineCalibration(engine=engine, origin=origin)
+    cal = EngineCalibration(engine=engine, origin=origin, release=release)
     say = progress or (lambda message: None)
     if only is not None:
         tables = {name: t for name, t in tables.items() if name in only}
@@ -214,7 +214,8 @@ def run_engine(args) -> int:
         raise ValueError("--only refits some tables of an existing calibration; this profile has none for "
                          f"{args.engine}")
     cal = calibrate(tables, hw, args.engine, origin, args.seed, args.fit_fraction, base=current,
-                    progress=lambda m: print(f"fitted {m}", file=sys.stderr, flush=True), only=only)
+                    progress=lambda m: print(f"fitted {m}", file=sys.stderr, flush=True), only=only,
+                    release="/".join(versions))
     if args.dry_run:
         print(dumps_strict(cal.to_json(), indent=1))
         return 0

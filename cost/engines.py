@@ -8,6 +8,7 @@ runs, `cost/engine_serving.json`) the time a step and a request cost beyond the 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -83,12 +84,69 @@ def _overheads_data() -> dict:
     return json.loads((resources.files("cost") / "engine_serving.json").read_text())
 
 
-def serving_overheads(engine: str) -> tuple[ServingOverheads, str]:
-    """The engine's fitted overheads and where they come from (another engine's fit, when it has none)."""
-    data = _overheads_data()
-    entry = data.get(engine) or {}
+def release_key(release: str) -> tuple:
+    """Order releases by their numbers ("0.9" < "0.17" < "1.2.0rc1")."""
+    return tuple(int(x) for x in re.findall(r"\d+", release)) or (0,)
+
+
+def parse_engine(text: str) -> tuple[str, str | None]:
+    """`vllm`, `trtllm==0.17`: the engine and the release asked for (None: the newest with data)."""
+    name, _, release = text.strip().partition("==")
+    name = name.strip().lower()
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine '{name}' (choose from {', '.join(ENGINES)}; a release as trtllm==0.17)")
+    release = release.strip()
+    if _ and not re.fullmatch(r"\d+(\.\d+)*([a-z0-9.]*)", release):
+        raise ValueError(f"engine release '{release}' is not a version (as in trtllm==0.17)")
+    return name, (release or None)
+
+
+def engine_releases(engine: str) -> list[str]:
+    """The releases of `engine` with fitted end-to-end overheads, oldest first."""
+    entry = _overheads_data().get(engine) or {}
+    return sorted(entry.get("releases", {}), key=release_key)
+
+
+@dataclass(frozen=True)
+class ResolvedOverheads:
+    params: ServingOverheads
+    release: str | None          # the release whose overheads these are (None: the engine has none of its own)
+    origin: str                  # what they were fitted on, said in every command's notes
+
+
+def resolve_overheads(engine: str, release: str | None = None) -> ResolvedOverheads:
+    """The engine's overheads at `release` (default: the newest release with data). The fit shares physics
+    across releases (`shared`) and adds a release's own terms only where its rows demanded them. An engine with
+    no end-to-end rows borrows another's (`from`), and says so."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine '{engine}' (choose from {', '.join(ENGINES)})")
+    entry = _overheads_data().get(engine) or {}
     if "from" in entry:
-        params, origin = serving_overheads(entry["from"])
-        return params, f"no {ENGINES[engine].label} end-to-end data: {ENGINES[entry['from']].label}'s ({origin})"
-    return ServingOverheads.from_json(entry.get("params", {}), f"engine_serving.json:{engine}"), \
-        entry.get("origin", "defaults (not fitted)")
+        base = resolve_overheads(entry["from"])
+        asked = f" {release}" if release else ""
+        return ResolvedOverheads(base.params, None, f"no {ENGINES[engine].label}{asked} end-to-end data: "
+                                 f"{ENGINES[entry['from']].label} {base.release}'s ({base.origin})")
+    releases = engine_releases(engine)
+    shared = entry.get("shared", {}).get("params", {})
+    if not releases:
+        return ResolvedOverheads(ServingOverheads.from_json(shared, f"engine_serving.json:{engine}"), None,
+                                 entry.get("shared", {}).get("origin", "defaults (not fitted)"))
+    if release is None:
+        release = releases[-1]
+        how = "newest with data"
+    elif release in releases:
+        how = "as asked"
+    else:
+        raise ValueError(f"no {ENGINES[engine].label} {release} end-to-end data (releases with data: "
+                         f"{', '.join(releases)})")
+    own = entry["releases"][release]
+    params = ServingOverheads.from_json({**shared, **own.get("params", {})}, f"engine_serving.json:{engine}.{release}")
+    terms = ", ".join(sorted(own.get("params", {}))) or "none"
+    return ResolvedOverheads(params, release, f"{ENGINES[engine].label} {release} ({how}; its own terms: {terms}); "
+                             f"{entry.get('origin', 'fitted')}")
+
+
+def serving_overheads(engine: str, release: str | None = None) -> tuple[ServingOverheads, str]:
+    """The engine's fitted overheads and where they come from (another engine's fit, when it has none)."""
+    r = resolve_overheads(engine, release)
+    return r.params, r.origin

@@ -182,7 +182,7 @@ def validate_engines(data, where: str) -> None:
             _validate(Inherited, body, where, f"engines.{name}")
         else:
             for section, value in body.items():
-                if section != "origin" and not isinstance(value, dict):
+                if section not in ("origin", "release") and not isinstance(value, dict):
                     raise ProfileSchemaError(f"{where}: field 'engines.{name}.{section}': must be an object")
 
 

@@ -1,13 +1,19 @@
 """Fit an engine's overheads beyond its kernels (cost/engines.py ServingOverheads: per-step host time, per
-request and step, rank sync, per-request API time, memory reserve) on published end-to-end runs.
+request and step, rank sync, per-request API time, memory reserve) on published end-to-end runs, release by
+release.
 
-    python -m serving.calibrate_overheads --data ../shared/measurements/e2e/published.jsonl --engine trtllm
-        [--fit-fraction 0.5] [--seed 0] [--output FILE | --write]
+    python -m serving.calibrate_overheads --engine trtllm [--data FILE ...] [--fit-fraction 0.5] [--seed 0]
+        [--output FILE | --write]
 
-A few parameters per engine, never per row: the fit takes a seeded share of the rows, minimizes the mean
-absolute log error of TTFT, TPOT and output tokens/s (each metric weighted alike) by coordinate search on a
-log grid within each parameter's bounds, and reports the error on the rows it did not see. `--write` stores
-the result in cost/engine_serving.json (the bundled file); without it the result goes to --output.
+A few parameters per engine, never per row. Each release's rows are split (seeded) into a fitted and a
+held-out share. The physics is shared: one set of overheads is fitted on the fitted rows of every release.
+Then each release may take its own value of a parameter, only where its rows demand one: a term is kept when
+it lowers that release's loss on its fitted rows by more than `--demand` (default 0.02, i.e. 2% mean
+|log error|). The loss is the mean absolute log error of TTFT, TPOT, output tokens/s and batch latency (each
+metric weighted alike), minimized by coordinate search on a log grid within each parameter's bounds. The
+report gives every release's error on the rows the fit did not see. Rows on a device whose kernels are not
+fitted for the engine (carried over from another device, or another engine's) are left out: their error is
+the kernels', not the engine's overheads. `--write` stores the result in cost/engine_serving.json.
 """
 from __future__ import annotations
 
@@ -16,19 +22,30 @@ import json
 import math
 import random
 import sys
+import time
+from collections import defaultdict
 from dataclasses import fields, replace
 from importlib import resources
 from pathlib import Path
 
-from cost.engines import ENGINES, ServingOverheads
+from cost.engines import ENGINES, ServingOverheads, release_key
+from cost.profile import load_profile
 
-from .published import METRICS, Predictor, PublishedRun, load_published
+from .published import Predictor, PublishedRun, load_published
+
+DEV_SET = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e"
+# what a release may change without changing the physics: its scheduler's host time, its per-sequence
+# bookkeeping, its rank sync and its API path (memory reserve stays shared)
+RELEASE_TERMS = ("step_us", "seq_us", "gpu_sync_us", "request_ms")
 
 
-def _loss(runs: list[PublishedRun], predictor: Predictor, params: ServingOverheads) -> float:
-    per_metric: dict[str, list[float]] = {m: [] for m in METRICS}
+def loss(runs: list[PublishedRun], predictor: Predictor, params: ServingOverheads) -> float:
+    per_metric: dict[str, list[float]] = defaultdict(list)
     for run in runs:
-        pred, _ = predictor.predict(run, params)
+        try:
+            pred, _ = predictor.predict(run, params)
+        except (ValueError, RuntimeError):
+            continue
         for m, v in run.measured.items():
             if pred.get(m, 0) > 0 and v > 0:
                 per_metric[m].append(abs(math.log(pred[m] / v)))
@@ -36,11 +53,8 @@ def _loss(runs: list[PublishedRun], predictor: Predictor, params: ServingOverhea
     return sum(parts) / len(parts) if parts else float("inf")
 
 
-def fit(runs: list[PublishedRun], predictor: Predictor, start: ServingOverheads, rounds: int = 3,
-        log=print) -> tuple[ServingOverheads, float]:
-    best, best_loss = start, _loss(runs, predictor, start)
-    log(f"start: loss {best_loss:.4f}")
-    names = [f.name for f in fields(ServingOverheads)]
+def coordinate_search(runs, predictor, start: ServingOverheads, names, rounds: int = 3, log=print):
+    best, best_loss = start, loss(runs, predictor, start)
     bounds = {f.name: f.metadata["bounds"] for f in fields(ServingOverheads)}
     for r in range(rounds):
         factor = (4.0, 2.0, 1.4)[min(r, 2)]
@@ -54,56 +68,101 @@ def fit(runs: list[PublishedRun], predictor: Predictor, start: ServingOverheads,
                 if v == value:
                     continue
                 cand = replace(best, **{name: v})
-                loss = _loss(runs, predictor, cand)
-                if loss < best_loss - 1e-5:
-                    best, best_loss = cand, loss
-                    log(f"round {r + 1}: {name} = {v:.4g}: loss {loss:.4f}")
+                cand_loss = loss(runs, predictor, cand)
+                if cand_loss < best_loss - 1e-5:
+                    best, best_loss = cand, cand_loss
+                    log(f"  round {r + 1}: {name} = {v:.4g}: loss {cand_loss:.4f}")
     return best, best_loss
+
+
+def fitted_kernels(run: PublishedRun) -> bool:
+    """The run's device has the engine's own kernel fit (not carried over from another device or engine)."""
+    cal = load_profile(run.device).engine(run.engine)
+    return cal.origin.startswith("fitted") and not cal.origin.startswith("no ")
+
+
+def split(runs: list[PublishedRun], fraction: float, seed: int) -> tuple[list, list]:
+    rng = random.Random(seed)
+    order = list(range(len(runs)))
+    rng.shuffle(order)
+    cut = max(1, int(len(runs) * fraction))
+    return [runs[i] for i in sorted(order[:cut])], [runs[i] for i in sorted(order[cut:])]
+
+
+def fit_releases(runs: list[PublishedRun], predictor: Predictor, fraction: float, seed: int, demand: float,
+                 rounds: int = 3, log=print) -> dict:
+    by_release: dict[str, list[PublishedRun]] = defaultdict(list)
+    for run in runs:
+        if run.release is not None:
+            by_release[run.release].append(run)
+    parts = {rel: split(rs, fraction, seed) for rel, rs in by_release.items() if len(rs) >= 4}
+    fit_rows = [r for f, _ in parts.values() for r in f]
+    log(f"shared fit on {len(fit_rows)} rows of releases {', '.join(sorted(parts, key=release_key))}")
+    shared, _ = coordinate_search(fit_rows, predictor, ServingOverheads(),
+                                  [f.name for f in fields(ServingOverheads)], rounds, log)
+    releases = {}
+    for rel in sorted(parts, key=release_key):
+        fit, held = parts[rel]
+        base_loss = loss(fit, predictor, shared)
+        own, own_loss, terms = shared, base_loss, {}
+        for name in RELEASE_TERMS:     # greedily, one term at a time, each kept only if the rows demand it
+            cand, cand_loss = coordinate_search(fit, predictor, own, [name], rounds, log=lambda m: None)
+            if cand_loss < own_loss - demand:
+                own, own_loss, terms[name] = cand, cand_loss, getattr(cand, name)
+        held_defaults = loss(held, predictor, ServingOverheads())
+        held_shared, held_own = loss(held, predictor, shared), loss(held, predictor, own)
+        log(f"release {rel}: {len(fit)} fitted, {len(held)} held out; own terms {terms or 'none'}; held-out "
+            f"{held_defaults:.3f} (defaults) -> {held_shared:.3f} (shared) -> {held_own:.3f} (with own terms)")
+        releases[rel] = {"params": {k: round(v, 4) for k, v in terms.items()}, "fitted_rows": len(fit),
+                         "held_out_rows": len(held), "held_out_loss": round(held_own, 4),
+                         "sources": sorted({r.source_kind for r in by_release[rel]})}
+    return {"shared": {"params": {f.name: round(getattr(shared, f.name), 4) for f in fields(ServingOverheads)}},
+            "releases": releases}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m serving.calibrate_overheads", description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True, help="published.jsonl of end-to-end runs")
+    p.add_argument("--data", nargs="+", default=sorted(str(f) for f in DEV_SET.glob("*.jsonl")),
+                   help="JSONL files of end-to-end runs (default: every file of ../shared/measurements/e2e)")
     p.add_argument("--engine", default="trtllm", choices=list(ENGINES), help="engine whose rows to fit")
-    p.add_argument("--fit-fraction", type=float, default=0.5, help="share of rows fitted (default 0.5)")
+    p.add_argument("--fit-fraction", type=float, default=0.5, help="share of each release's rows fitted")
     p.add_argument("--seed", type=int, default=0, help="seed of the fit/held-out split")
+    p.add_argument("--demand", type=float, default=0.02,
+                   help="loss a release's own term must remove to be kept (default 0.02)")
     p.add_argument("--rounds", type=int, default=3, help="coordinate-search rounds (default 3)")
     p.add_argument("--output", default="engine_serving.fitted.json", help="where to write (without --write)")
     p.add_argument("--write", action="store_true", help="store the fit in the bundled cost/engine_serving.json")
     args = p.parse_args(argv)
-    if not Path(args.data).is_file():
-        print(f"error: {args.data}: no such file", file=sys.stderr)
+    missing = [d for d in args.data if not Path(d).is_file()]
+    if missing or not args.data:
+        print(f"error: {(missing or ['--data'])[0]}: no such file", file=sys.stderr)
         return 2
     if not 0 < args.fit_fraction < 1:
         print("error: --fit-fraction must be in (0, 1)", file=sys.stderr)
         return 2
-    runs = [r for r in load_published(args.data)[0] if r.engine == args.engine]
+    t0 = time.time()
+    runs = [r for r in load_published(*args.data)[0] if r.engine == args.engine]
+    runs = [r for r in runs if fitted_kernels(r)]
     if len(runs) < 4:
-        print(f"error: {len(runs)} {args.engine} rows in {args.data}: too few to fit", file=sys.stderr)
+        print(f"error: {len(runs)} {args.engine} rows on devices with its kernel fits: too few to fit", file=sys.stderr)
         return 2
-    rng = random.Random(args.seed)
-    order = list(range(len(runs)))
-    rng.shuffle(order)
-    cut = int(len(runs) * args.fit_fraction)
-    fit_rows = [runs[i] for i in sorted(order[:cut])]
-    held = [runs[i] for i in sorted(order[cut:])]
-    predictor = Predictor()
-    start = ServingOverheads()
-    params, loss = fit(fit_rows, predictor, start, args.rounds, log=lambda m: print(m, file=sys.stderr, flush=True))
-    before, after = _loss(held, predictor, start), _loss(held, predictor, params)
-    print(f"held-out mean |log error| over {len(held)} rows: {before:.4f} (defaults) -> {after:.4f} (fitted)")
-    entry = {"origin": f"fitted by python -m serving.calibrate_overheads on {len(fit_rows)} {ENGINES[args.engine].label} "
-                       f"rows of {Path(args.data).name} (seed {args.seed}); held-out mean |log error| "
-                       f"{before:.3f} -> {after:.3f}",
-             "params": {f.name: round(getattr(params, f.name), 4) for f in fields(ServingOverheads)}}
+    log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
+    result = fit_releases(runs, Predictor(), args.fit_fraction, args.seed, args.demand, args.rounds, log)
+    if not result["releases"]:
+        print(f"error: no release of {args.engine} has 4 rows that name it", file=sys.stderr)
+        return 2
+    names = ", ".join(Path(d).name for d in args.data)
+    entry = {"origin": f"fitted by python -m serving.calibrate_overheads on {sum(r['fitted_rows'] for r in result['releases'].values())} "
+                       f"{ENGINES[args.engine].label} rows of {names} (seed {args.seed}, fit fraction {args.fit_fraction:g}, "
+                       f"demand {args.demand:g})", **result}
+    for rel, r in result["releases"].items():
+        print(f"{ENGINES[args.engine].label} {rel}: held-out mean |log error| {r['held_out_loss']:.3f} over "
+              f"{r['held_out_rows']} rows; own terms: {', '.join(r['params']) or 'none'}")
     target = Path(str(resources.files("cost") / "engine_serving.json")) if args.write else Path(args.output)
     data = json.loads(target.read_text()) if target.exists() else {}
-    if args.write and after > before:
-        print("error: the fit is worse than the defaults on the held-out rows; nothing written", file=sys.stderr)
-        return 1
     data[args.engine] = entry
     target.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {target}")
+    print(f"wrote {target} ({time.time() - t0:.0f} s)")
     return 0
 
 

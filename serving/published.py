@@ -1,36 +1,58 @@
-"""Published end-to-end serving measurements (../shared/measurements/e2e/published.jsonl, its README says
-what each field means), mapped to tracecost setups and predicted with the steady-state model.
+"""Published end-to-end serving measurements (../shared/measurements/e2e/*.jsonl, their README says what each
+field means), mapped to tracecost setups and predicted with the steady-state model.
 
-A row becomes: a bundled model, a device profile, an engine, weight and KV formats, a layout, fixed input
-and output lengths, and a load (an open-loop rate, or every request queued at once). Rows tracecost cannot
-map (a model it does not bundle, a layout it does not price) are skipped with the reason.
+A row becomes: a bundled model, a device profile, an engine and its release, weight and KV formats, a layout
+(TP, EP, DP replicas), the lengths, the engine limits its flags state, and a load:
+- `offline_max_throughput`: every request queued at once (a finite burst of `num_requests`);
+- `online_request_rate` at a rate: Poisson arrivals split round robin over the DP replicas; with no rate
+  (`vllm bench serve`'s default, rate inf): a finite burst, every prompt sent at once;
+- `online_concurrency`: a closed loop of that many users;
+- `offline_batch` (`benchmark_latency.py`): one batch of `batch_size` requests, measured as its whole time.
+Rows tracecost cannot map (a model it does not bundle, a GPU with no profile, speculative decoding, a layout it
+does not price) are skipped with the reason.
 """
 from __future__ import annotations
 
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cost.engines import ENGINES, ServingOverheads
+from cost.engines import ENGINES, ServingOverheads, engine_releases, release_key
 from cost.estimate import Parallelism
 from cost.profile import load_profile
 from tracer.model_source import resolve_model
 from tracer.work import TraceOptions
 
-from .steady_state import MAX, RATE, Limits, Load, SteadyState, solve
+from .engine_flags import stated_settings
+from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
 from .step_cost import StepCost
 
+# HF ids -> bundled configs; a fine-tune or re-release of the same architecture maps to its base
 MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
-          "meta-llama/Llama-3.1-405B-Instruct": "llama-3.1-405b", "mistralai/Mistral-7B-Instruct-v0.3": "mistral-7b",
-          "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b", "mistralai/Mixtral-8x22B-Instruct-v0.1": "mixtral-8x22b"}
+          "meta-llama/Llama-3.3-70B-Instruct": "llama-3.1-70b",     # the 3.1-70B architecture, retrained
+          "meta-llama/Llama-3.1-405B-Instruct": "llama-3.1-405b", "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b",
+          "mistralai/Mistral-7B-Instruct-v0.3": "mistral-7b",
+          "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b", "mistralai/Mixtral-8x22B-Instruct-v0.1": "mixtral-8x22b",
+          "Qwen/Qwen3-8B": "qwen3-8b", "Qwen/Qwen3-14B": "qwen3-14b", "Qwen/Qwen3-32B": "qwen3-32b",
+          "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b", "openai/gpt-oss-20b": "gpt-oss-20b",
+          "openai/gpt-oss-120b": "gpt-oss-120b", "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",   # V3's architecture
+          "zai-org/GLM-4.5-Air": "glm-4.5-air", "zai-org/GLM-4.6": "glm-4.6"}
 # NVIDIA's L40S runs reach every GPU peer-to-peer (their TP4/TP8 throughput is out of reach at the 4/8-GPU
 # bandwidth of the server the kernel tables were measured on): hw_profiles/l40s.json, topology pcie-switch
 DEVICES = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100",
-           "L40S-48GB": "l40s:pcie-switch", "B200-SXM-180GB": "b200"}
+           "L40S-48GB": "l40s:pcie-switch", "B200-SXM-180GB": "b200", "B200-180GB": "b200",
+           "MI300X-192GB": "mi300x", "RTX-4090-24GB": "rtx4090"}
 ENGINE_NAMES = {"tensorrt-llm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
-METRICS = ("ttft_ms", "tpot_ms", "output_tok_s")
+# what the rows' precision text names -> tracecost weight formats (the first word decides, the note refines)
+PRECISIONS = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4", "mxfp4": "int4", "int4": "int4",
+              "int8": "int8"}
+# KV-cache formats a checkpoint declares (used where a row leaves the KV dtype unstated): NVIDIA's ModelOpt
+# checkpoints (nvidia/*-FP8, nvidia/*-FP4) carry hf_quant_config.json with kv_cache_quant_algo FP8, and
+# TensorRT-LLM's PyTorch backend and vLLM run the KV cache in the format the checkpoint declares
+CHECKPOINT_KV = ((re.compile(r"^nvidia/.*-(FP8|FP4|NVFP4)$", re.IGNORECASE), "fp8"),)
+METRICS = ("ttft_ms", "tpot_ms", "output_tok_s", "e2e_latency_ms")
 
 
 @dataclass(frozen=True)
@@ -40,15 +62,24 @@ class PublishedRun:
     model: str
     device: str
     engine: str
+    release: str | None          # the engine release the row names (major.minor), None where it names a commit only
     dtype: str
     kv_dtype: str | None
     tp: int
     isl: int
     osl: int
-    load: Load
+    load: Load                   # of one replica
     memory_fraction: float | None
-    measured: dict = field(default_factory=dict)     # ttft_ms, tpot_ms, output_tok_s (what the row reports)
+    measured: dict = field(default_factory=dict)     # ttft_ms, tpot_ms, output_tok_s, e2e_latency_ms
     trtllm_bench: bool = False   # the engine was built by trtllm-bench, which sizes its limits from the dataset
+    ep: int = 1
+    replicas: int = 1            # DP replicas the load is split over (their throughput adds)
+    max_num_seqs: int | None = None          # stated by the run's flags, else the engine's default
+    max_batched_tokens: int | None = None
+    chunked_prefill: bool | None = None
+    mode: str = ""
+    percentiles: dict = field(default_factory=dict)  # {"ttft_ms": {"p99": ..}, "tpot_ms": {...}} as measured
+    latency_limits: dict = field(default_factory=dict)   # MLPerf's p99 limits, {"ttft_ms": 2000, "tpot_ms": 200}
 
 
 def _engine(text: str) -> str | None:
@@ -56,44 +87,113 @@ def _engine(text: str) -> str | None:
     return next((name for key, name in ENGINE_NAMES.items() if key in text), None)
 
 
-def load_published(path: str) -> tuple[list[PublishedRun], list[tuple[str, str]]]:
-    """(runs tracecost can predict, [(id, why not)] for the rest)."""
+def _release(engine: str, version: str | None) -> str | None:
+    """major.minor of the engine's release as the row states it (ROCm docker tags name vLLM's), or None."""
+    text = version or ""
+    label = {"vllm": r"vllm\s*v?", "sglang": r"sglang\s*v?", "trtllm": r"tensorrt-llm\s*v?"}[engine]
+    m = re.search(label + r"(\d+)\.(\d+)", text, re.IGNORECASE) or re.match(r"\s*v?(\d+)\.(\d+)", text)
+    return f"{int(m.group(1))}.{int(m.group(2))}" if m else None
+
+
+def _dtype(precision: str) -> str | None:
+    text = precision.lower()
+    first = re.match(r"[a-z0-9]+", text)
+    dtype = PRECISIONS.get(first.group(0)) if first else None
+    if dtype == "fp8" and "block" in text:
+        return "fp8_block"
+    return dtype
+
+
+_MLPERF_LIMITS = {  # scenario p99 limits (ms) by benchmark, from MLPerf Inference's rules
+    ("llama-2-70b", "Server"): {"ttft_ms": 2000.0, "tpot_ms": 200.0},
+    ("llama-2-70b", "Interactive"): {"ttft_ms": 450.0, "tpot_ms": 40.0},
+    ("mixtral-8x7b", "Server"): {"ttft_ms": 2000.0, "tpot_ms": 200.0},
+}
+
+
+def _checkpoint_kv(checkpoint: str | None) -> str | None:
+    return next((kv for pattern, kv in CHECKPOINT_KV if checkpoint and pattern.match(checkpoint)), None)
+
+
+def _skip_reason(r: dict, model, device, engine) -> str | None:
+    if model is None:
+        return f"model {r['model']} is not bundled"
+    if device is None:
+        return f"no profile for {r['gpu']}"
+    if engine is None:
+        return f"engine {r.get('engine')} has no kernel models"
+    if r.get("spec_decode"):
+        return "speculative decoding is not modelled"
+    if (r.get("pp") or 1) != 1 or r.get("disaggregated") or r.get("attention_dp"):
+        return "layout not priced (pipeline, disaggregated or attention-DP)"
+    if _dtype(r.get("precision") or "") is None:
+        return f"weight format '{r.get('precision')}' is not modelled"
+    if not r.get("isl") or not r.get("osl"):
+        return "lengths not stated"
+    return None
+
+
+def _measured(r: dict) -> tuple[dict, dict]:
+    measured, percentiles = {}, {}
+    for metric in ("ttft_ms", "tpot_ms"):
+        stats = r.get(metric) or (r.get("itl_ms") if metric == "tpot_ms" else None) or {}
+        if stats.get("mean") is not None:
+            measured[metric] = stats["mean"]
+        percentiles[metric] = {k: v for k, v in stats.items() if k in ("p50", "median", "p90", "p99")}
+    if r.get("mode") == "offline_batch":
+        if (r.get("e2e_latency_ms") or {}).get("mean") is not None:
+            measured["e2e_latency_ms"] = r["e2e_latency_ms"]["mean"]
+    elif r.get("output_tok_s") is not None:
+        measured["output_tok_s"] = r["output_tok_s"]
+    return measured, percentiles
+
+
+def _load(r: dict, replicas: int) -> Load:
+    requests = int(r.get("num_requests") or 0)
+    if r["mode"] == "offline_batch":
+        return Load(MAX, requests=int(r.get("batch_size") or 1))
+    if r.get("request_rate"):
+        return Load(RATE, float(r["request_rate"]) / replicas, requests=math.ceil(requests / replicas),
+                    spread=replicas)
+    if r.get("concurrency"):
+        return Load(CONCURRENCY, float(r["concurrency"]) / replicas)
+    return Load(MAX, requests=math.ceil(requests / replicas))
+
+
+def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
+    """One development-set row as a run tracecost predicts, or (None, why not)."""
+    model, device, engine = MODELS.get(r["model"]), DEVICES.get(r["gpu"]), _engine(r.get("engine") or "")
+    why = _skip_reason(r, model, device, engine)
+    if why:
+        return None, why
+    flags = stated_settings(r.get("engine_flags"))
+    tp = int(r.get("tp") or 1)
+    replicas = int(r.get("dp") or 1)
+    ep = int(r.get("ep") or (tp if flags.expert_parallel else 1))
+    measured, percentiles = _measured(r)
+    scenario = r["id"].rsplit("-", 1)[-1]
+    run = PublishedRun(
+        r["id"], r["source_kind"], model, device, engine, _release(engine, r.get("engine_version")),
+        _dtype(r["precision"]), r.get("kv_cache_dtype") or flags.kv_cache_dtype or _checkpoint_kv(r.get("checkpoint")), tp,
+        max(1, round(r["isl"])), max(1, round(r["osl"])), _load(r, replicas), flags.memory_fraction, measured,
+        "trtllm-bench" in (r.get("engine_flags") or "") or "trtllm-bench" in (r.get("engine") or ""), ep, replicas,
+        flags.max_num_seqs, flags.max_batched_tokens, flags.chunked_prefill, r.get("mode", ""), percentiles,
+        _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {})
+    return run, None
+
+
+def load_published(*paths: str) -> tuple[list[PublishedRun], list[tuple[str, str]]]:
+    """(runs tracecost can predict, [(id, why not)] for the rest), over every file given."""
     runs, skipped = [], []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        r = json.loads(line)
-        why = None
-        model, device, engine = MODELS.get(r["model"]), DEVICES.get(r["gpu"]), _engine(r.get("engine") or "")
-        if model is None:
-            why = f"model {r['model']} is not bundled"
-        elif device is None:
-            why = f"no profile for {r['gpu']}"
-        elif engine is None:
-            why = f"engine {r.get('engine')} has no kernel models"
-        elif (r.get("pp") or 1) != 1 or r.get("disaggregated") or r.get("attention_dp"):
-            why = "layout not priced (pipeline, disaggregated or attention-DP)"
-        if why:
-            skipped.append((r["id"], why))
-            continue
-        if r.get("request_rate"):
-            load = Load(RATE, float(r["request_rate"]), requests=int(r.get("num_requests") or 0))
-        else:
-            load = Load(MAX, requests=int(r.get("num_requests") or 0))
-        dtype = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(r["precision"], "bf16")
-        fraction = re.search(r"kv_cache_free_gpu_mem_fraction\s*([0-9.]+)", r.get("engine_flags") or "")
-        measured = {}
-        if (r.get("ttft_ms") or {}).get("mean") is not None:
-            measured["ttft_ms"] = r["ttft_ms"]["mean"]
-        latency = (r.get("tpot_ms") or {}).get("mean") or (r.get("itl_ms") or {}).get("mean")
-        if latency is not None:
-            measured["tpot_ms"] = latency
-        if r.get("output_tok_s") is not None:
-            measured["output_tok_s"] = r["output_tok_s"]
-        runs.append(PublishedRun(r["id"], r["source_kind"], model, device, engine, dtype, r.get("kv_cache_dtype"),
-                                 int(r["tp"]), int(r["isl"]), int(r["osl"]), load,
-                                 float(fraction.group(1)) if fraction else None, measured,
-                                 "trtllm-bench" in (r.get("engine_flags") or "")))
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if not line.strip():
+                continue
+            run, why = map_row(json.loads(line))
+            if run is None:
+                skipped.append((json.loads(line)["id"], why))
+            else:
+                runs.append(run)
     return runs, skipped
 
 
@@ -116,30 +216,79 @@ class Predictor:
         self._costs: dict = {}
 
     def cost(self, run: PublishedRun) -> StepCost:
-        key = (run.model, run.device, run.engine, run.dtype, run.kv_dtype, run.tp)
+        key = (run.model, run.device, run.engine, run.release, run.dtype, run.kv_dtype, run.tp, run.ep)
         if key not in self._costs:
             spec, hw = resolve_model(run.model), load_profile(run.device)
             options = TraceOptions(dtype=run.dtype, kv_cache_dtype=run.kv_dtype)
-            # the TensorRT-LLM runs of this set shard MoE experts by TP (no EP stated), as vLLM does by default
-            self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(run.tp), run.engine)
+            self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(run.tp, ep=run.ep), run.engine,
+                                        release=_known_release(run.engine, run.release))
         return self._costs[key]
+
+    def limits(self, run: PublishedRun, cost: StepCost) -> Limits:
+        d = cost.defaults
+        seqs = run.max_num_seqs or d.max_num_seqs
+        tokens = run.max_batched_tokens or d.max_batched_tokens
+        chunked = d.chunked_prefill if run.chunked_prefill is None else run.chunked_prefill
+        if run.trtllm_bench and run.max_num_seqs is None:
+            kv_tokens = cost.replica_memory(d.max_batched_tokens, run.memory_fraction).kv_tokens
+            seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
+        kv_tokens = cost.replica_memory(tokens, run.memory_fraction).kv_tokens
+        return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl)
 
     def predict(self, run: PublishedRun, overheads: ServingOverheads | None = None) -> tuple[dict, SteadyState]:
         cost = self.cost(run)
+        fitted = cost.overheads
         if overheads is not None:
             cost.overheads = overheads
-        o = cost.overheads
-        d = cost.defaults
-        kv_tokens = cost.replica_memory(d.max_batched_tokens, run.memory_fraction).kv_tokens
-        if run.trtllm_bench:
-            seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
-            kv_tokens = cost.replica_memory(tokens, run.memory_fraction).kv_tokens
-            limits = Limits(seqs, tokens, kv_tokens, d.chunked_prefill or tokens < run.isl)
-        else:
-            limits = Limits(d.max_num_seqs, d.max_batched_tokens, kv_tokens, d.chunked_prefill)
-        state = solve(cost.steady, run.isl, run.osl, 0, run.load, limits, o.request_ms * 1e-3)
-        return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
-                "output_tok_s": state.output_tokens_per_s}, state
+        try:
+            state = solve(cost.steady, run.isl, run.osl, 0, run.load, self.limits(run, cost),
+                          cost.overheads.request_ms * 1e-3)
+        finally:
+            cost.overheads = fitted
+        pred = {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
+                "output_tok_s": state.output_tokens_per_s * run.replicas}
+        if run.mode == "offline_batch":
+            pred["e2e_latency_ms"] = run.load.requests / state.request_rate * 1e3
+        return pred, state
 
 
-__all__ = ["ENGINES", "METRICS", "Predictor", "PublishedRun", "load_published"]
+def rate_within_limits(predictor: Predictor, run: PublishedRun, limits: dict | None = None) -> float:
+    """The highest request rate (whole deployment, requests/s) whose predicted p99 TTFT and TPOT stay within the
+    run's latency limits (MLPerf's Server/Interactive p99 limits), by bisection on a stable steady state."""
+    limits = limits or run.latency_limits
+    if not limits or run.load.kind != RATE:
+        raise ValueError(f"{run.id}: no latency limits or not a request-rate run")
+
+    def within(rate: float) -> bool:
+        trial = replace(run, load=replace(run.load, value=rate / run.replicas, requests=0))
+        try:
+            _, state = predictor.predict(trial)
+        except (ValueError, RuntimeError):
+            return False
+        tpot_p99 = (state.tpot_quantiles_s or {}).get("p99", state.tpot_s) if hasattr(state, "tpot_quantiles_s") \
+            else state.tpot_s
+        return state.stable and state.ttft_s["p99"] * 1e3 <= limits["ttft_ms"] and \
+            tpot_p99 * 1e3 <= limits["tpot_ms"]
+
+    lo, hi = 0.0, max(1.0, run.load.value * run.replicas)
+    while within(hi) and hi < 1e6:
+        lo, hi = hi, hi * 2
+    if lo == 0.0 and not within(hi * 1e-3):
+        return 0.0
+    while hi - lo > 0.005 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if within(mid) else (lo, mid)
+    return lo
+
+
+def _known_release(engine: str, release: str | None) -> str | None:
+    """The release with fitted overheads nearest the row's: its own, else the newest older one, else the oldest
+    (None: the row names no release, priced as a user would be, with the newest)."""
+    known = engine_releases(engine)
+    if release is None or not known or release in known:
+        return release if release in known else None
+    older = [k for k in known if release_key(k) <= release_key(release)]
+    return older[-1] if older else known[0]
+
+
+__all__ = ["ENGINES", "METRICS", "Predictor", "PublishedRun", "load_published", "map_row", "rate_within_limits"]

@@ -61,6 +61,7 @@ class EngineSettings:
     max_batched_tokens: int | None = None
     memory_fraction: float | None = None
     overheads: ServingOverheads | None = None
+    release: str | None = None               # the engine release whose overheads price a step (None: newest)
 
 
 @dataclass
@@ -135,7 +136,7 @@ class Searcher:
         par = layout.parallelism
         if par not in self._costs:
             self._costs[par] = StepCost(self.spec, self.hw, self.options, self.settings.execution, par,
-                                        self.settings.engine, self.settings.overheads)
+                                        self.settings.engine, self.settings.overheads, self.settings.release)
         return self._costs[par]
 
     def engine_limits(self, layout: Layout) -> tuple[Limits, ReplicaMemory]:

@@ -30,13 +30,14 @@ def _pow2_at_least(n: int) -> int:
 
 class StepCost:
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str,
-                 par: Parallelism | int, engine: str = "vllm", overheads: ServingOverheads | None = None):
+                 par: Parallelism | int, engine: str = "vllm", overheads: ServingOverheads | None = None,
+                 release: str | None = None):
         self.par = par if isinstance(par, Parallelism) else Parallelism(par)
         self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, self.par.tp
         self.engine = engine
         self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         if execution == ENGINE:
-            fitted, self.overhead_origin = serving_overheads(engine)
+            fitted, self.overhead_origin = serving_overheads(engine, release)
             self.overheads = overheads or fitted
         else:   # HF eager pays its host time inside each step already
             self.overheads, self.overhead_origin = ServingOverheads(0, 0, 0, 0, 0), "none (eager execution)"

@@ -47,7 +47,8 @@ def server_config(args, spec, hw, options) -> ServerConfig:
     if args.gpu_cache_gb == "auto":
         # what the engine's memory budget leaves for the KV cache (serving/capacity.py), as the optimizer uses
         defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
-        reserve = serving_overheads(args.engine)[0].reserve_gb if args.execution == "engine" else 0.0
+        reserve = serving_overheads(args.engine, args.engine_release)[0].reserve_gb \
+            if args.execution == "engine" else 0.0
         free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size).kv_cache
         if free <= 0:
             raise ValueError(f"{spec.name} does not fit on {hw.name} with TP={args.tp_size}: no room for a KV cache")
@@ -151,7 +152,7 @@ def run(args) -> dict:
     report = check_layout_or_fail(spec.config, spec.name, Layout(tp=args.tp_size),
                                   max(r.prompt_tokens + r.output_tokens for r in requests), args.moe_imbalance)
     config = server_config(args, spec, hw, options)
-    cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine)
+    cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine, release=args.engine_release)
     runs = _runs(args, config)
     for r in requests:   # identities once, shared by every run (and by forked workers)
         r.hash_blocks(config.block_size)

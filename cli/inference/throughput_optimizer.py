@@ -85,7 +85,8 @@ def optimize(args, on_progress=None) -> dict:
     workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens,
                         args.shared_prefix_kv)
     limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat)
-    settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization)
+    settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
+                              release=args.engine_release)
     searcher = Searcher(spec, hw, options, workload, settings, limits)
     heads, experts = _model_facts(spec, options)
     if args.ep_sizes and not experts:

@@ -20,6 +20,7 @@ SECTIONS = ("gemm", "quant", "elementwise", "prefill_attention", "decode_attenti
 class EngineCalibration:
     engine: str
     origin: str                                   # what it was fitted on, or which profile it comes from
+    release: str | None = None                    # the engine release whose kernels were measured
     gemm: dict[str, GemmParams] = field(default_factory=dict)
     quant: StreamParams | None = None
     elementwise: StreamParams | None = None
@@ -43,11 +44,13 @@ class EngineCalibration:
                 if mine is None and theirs is not None:
                     taken.append(f"{name} from {base_label}")
                 values[name] = mine if mine is not None else theirs
-        return EngineCalibration(engine=self.engine, origin=self.origin, inherited=self.inherited + tuple(taken),
-                                 **values)
+        return EngineCalibration(engine=self.engine, origin=self.origin, release=self.release,
+                                 inherited=self.inherited + tuple(taken), **values)
 
     def to_json(self) -> dict:
         out: dict = {"origin": self.origin}
+        if self.release:
+            out["release"] = self.release
         if self.gemm:
             out["gemm"] = {k: v.to_json() for k, v in self.gemm.items()}
         for name in ("quant", "elementwise"):
@@ -73,13 +76,16 @@ def _keyed(data, where: str, allowed: tuple[str, ...], cls: type[ParamSet]) -> d
 
 def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
     """Validate an `engines.<engine>` section (without `from`); every error names the field."""
-    allowed = {"origin", *SECTIONS}
+    allowed = {"origin", "release", *SECTIONS}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ValueError(f"{where}: unknown field '{unknown[0]}' (fields: {', '.join(sorted(allowed))})")
     origin = data.get("origin", "fitted")
     if not isinstance(origin, str):
         raise ValueError(f"{where}.origin: must be a string")
+    release = data.get("release")
+    if release is not None and not isinstance(release, str):
+        raise ValueError(f"{where}.release: must be a string (the engine release the kernel tables measured)")
     allreduce = {}
     raw = data.get("allreduce", {})
     if not isinstance(raw, dict):
@@ -101,7 +107,7 @@ def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
         return cls.from_json(data[name], f"{where}.{name}") if name in data else None
 
     return EngineCalibration(
-        engine=engine, origin=origin,
+        engine=engine, origin=origin, release=release,
         gemm=_keyed(data.get("gemm", {}), f"{where}.gemm", GEMM_FORMATS, GemmParams),
         quant=optional("quant", StreamParams), elementwise=optional("elementwise", StreamParams),
         prefill_attention=_keyed(data.get("prefill_attention", {}), f"{where}.prefill_attention", KV_FORMATS,

@@ -1,0 +1,71 @@
+"""The serving settings a run's launch flags state, in one typed record.
+
+Published runs give their engine's command line (`vllm serve ... --max-num-seqs 256`, SGLang's
+`--max-running-requests`, the MLPerf harness's `gpu_batch_size={'llama2-70b': 1024}; max_num_tokens=4096`).
+A stated setting replaces the engine's default; an unstated one stays the default. One registry maps each
+flag, whatever engine spells it, to the setting it sets.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class StatedSettings:
+    max_num_seqs: int | None = None          # requests running at once
+    max_batched_tokens: int | None = None    # tokens per step (chunked-prefill budget)
+    memory_fraction: float | None = None     # the engine's memory budget (its own meaning: of total or of free)
+    kv_cache_dtype: str | None = None
+    expert_parallel: bool = False            # experts sharded over the whole TP x DP group
+    chunked_prefill: bool | None = None
+
+
+# flag (as any engine spells it) -> (setting, parser of its value); a flag with no value parses None
+_INT, _FLOAT = int, float
+FLAGS: dict[str, tuple[str, object]] = {
+    "--max-num-seqs": ("max_num_seqs", _INT),                   # vLLM
+    "--max-running-requests": ("max_num_seqs", _INT),           # SGLang
+    "--max_batch_size": ("max_num_seqs", _INT),                 # TensorRT-LLM
+    "--max-batch-size": ("max_num_seqs", _INT),
+    "gpu_batch_size": ("max_num_seqs", _INT),                   # MLPerf harness: {'model': N}
+    "--max-num-batched-tokens": ("max_batched_tokens", _INT),   # vLLM
+    "--chunked-prefill-size": ("max_batched_tokens", _INT),     # SGLang
+    "--max_num_tokens": ("max_batched_tokens", _INT),           # TensorRT-LLM
+    "--max-num-tokens": ("max_batched_tokens", _INT),
+    "max_num_tokens": ("max_batched_tokens", _INT),             # MLPerf harness
+    "--gpu-memory-utilization": ("memory_fraction", _FLOAT),    # vLLM: of total memory
+    "--mem-fraction-static": ("memory_fraction", _FLOAT),       # SGLang: of total memory
+    "--kv_cache_free_gpu_memory_fraction": ("memory_fraction", _FLOAT),   # TensorRT-LLM: of free memory
+    "kv_cache_free_gpu_mem_fraction": ("memory_fraction", _FLOAT),
+    "kvcache_free_gpu_mem_frac": ("memory_fraction", _FLOAT),   # MLPerf harness
+    "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--enable-expert-parallel": ("expert_parallel", None),
+    "--enable-chunked-prefill": ("chunked_prefill", None),
+}
+_VALUE = r"\s*(?:=|\s)\s*(?:\{[^}]*?:\s*)?['\"]?([A-Za-z0-9_.]+)"
+
+
+def stated_settings(flags: str | None) -> StatedSettings:
+    """The settings a launch line states (unknown flags are left to the engine's defaults)."""
+    out = StatedSettings()
+    if not flags:
+        return out
+    for flag, (name, parse) in FLAGS.items():
+        pattern = re.escape(flag) + (r"(?![\w-])(?:\s*[= ]\s*(true|false)\b)?" if parse is None else _VALUE)
+        m = re.search(r"(?<![\w-])" + pattern, flags, flags=re.IGNORECASE if parse is None else 0)
+        if m is None:
+            continue
+        if parse is None:
+            out = replace(out, **{name: (m.group(1) or "true").lower() == "true"})
+            continue
+        try:
+            value = parse(m.group(1))
+        except ValueError:
+            continue            # a placeholder ($BS) states nothing
+        if value is not None and getattr(out, name) in (None, False):
+            out = replace(out, **{name: value})
+    return out
+
+
+__all__ = ["FLAGS", "StatedSettings", "stated_settings"]
