@@ -214,7 +214,8 @@ def test_quantization_config_sets_the_weight_format(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, quantization_config={"quant_method": "gptq",
                                                                                      "bits": 4})))
     w4 = trace(str(tmp_path), req)
-    assert {op.dtype for op in w4.ops if op.op_class == "gemm"} == {"bf16"}  # dequantized to bf16 for the GEMM
+    assert {op.dtype for op in w4.ops if op.weight_format is not None} == {"bf16"}  # dequantized to bf16 for the GEMM
+    assert {op.weight_format for op in w4.ops if op.weight_role == "linear"} == {"int4"}
 
 
 def test_disk_cache_skips_torch_on_a_repeat(tmp_path):
