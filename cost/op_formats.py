@@ -116,8 +116,9 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
              for (role, kernel, how), n in table.items()]
     notes = [f"formats ({label} on {hw.name}, kernels per step): " + ", ".join(parts)]
     for fmt, f in weight_only.items():
-        notes.append(f"{fmt} weights run weight-only on {hw.name} (no {KERNELS[fmt][2] or 'int4'} matrix units "
-                     f"in use): read at {f.weight_bytes:g} bytes, dequantized in the GEMM, bf16 math; priced with "
+        lacks = f", which has no {KERNELS[fmt][2]} matrix units" if KERNELS[fmt][2] else ""
+        notes.append(f"{fmt} weights run weight-only on {hw.name}{lacks}: read at {f.weight_bytes:g} bytes a "
+                     f"weight, dequantized in the GEMM, bf16 math; priced with "
                      f"{label}'s bf16 kernel models" + (" (int4 weight-only MoE fit for the experts)"
                                                          if any(g.kernel == "int4" for g in formats if g) else "")
                      + (f"; {f.source.split(':')[0]}" if f.source else ""))

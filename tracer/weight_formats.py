@@ -189,7 +189,7 @@ def assign_formats(ops, formats: CheckpointFormats | None, layer_path: str, grou
     out = []
     for op in ops:
         group = members.get(op.layer, [op.layer]) if op.layer is not None else [None]
-        if op.weight_operand != "param" and op.experts is None:
+        if op.op_class != "gemm" or (op.weight_operand != "param" and op.experts is None):
             out.append(op.times(len(group)) if op.layer is not None else op)
             continue
         role = weight_role(op, routers, lm_head)
