@@ -1,7 +1,9 @@
 """Kernel calls as the published kernel tables time them: typed rows, parsed from JSON, priced in bulk.
 
 A row is one kernel call; its timed region is what the AIConfigurator collectors time:
-- gemm: x[m,k] @ W[n,k]^T; fp8, fp8_block and nvfp4 include the activation's quantization kernel.
+- gemm: x[m,k] @ W[n,k]^T; fp8, fp8_block and nvfp4 include the activation's quantization kernel. `role`
+  (router, lm_head, mla_absorbed) and formats beyond the fitted ones (mxfp4, int4, or fp8 on a GPU without
+  fp8) run as the engine runs them (cost/op_formats.py): its rules, weight-only where the device lacks them.
   The collectors cycle 6 weight copies (bf16, fp8) or 1 (fp8_block, nvfp4) in a CUDA graph, so small
   weights stay in L2; `"cold": true` prices weights streamed from HBM as in a model step.
 - attention: `batch` sequences of `query` new tokens over `context` cached ones (decode: query 1, over
