@@ -89,9 +89,11 @@ def _kernel_bytes(kernel: str) -> float:
 
 def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
               moe_models: tuple[str, ...] = ()) -> RunFormat:
-    """A GEMM kernel's format. A GEMM of two activations (attention scores, a rotary table) has no weight:
-    bf16. An op traced before per-op formats takes the trace's `default`."""
-    if op is None or (op.weight_operand != "param" and op.experts is None):
+    """A GEMM kernel's format. A GEMM of two activations or of a buffer (attention scores, a rotary table) has
+    no weight to quantize: bf16. A weight GEMM without a recorded format (an op built by hand) takes `default`."""
+    reads_weights = op is not None and (op.experts is not None or op.weight_operand == "param"
+                                        or (op.weight_operand is None and op.weight_bytes > 0))
+    if not reads_weights:
         return RunFormat("bf16", 2.0, "bf16")
     checkpoint = op.weight_format or default
     return run_format(checkpoint, op.weight_role or ("experts" if op.experts is not None else "linear"), engine, hw,

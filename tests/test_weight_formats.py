@@ -157,8 +157,9 @@ def test_quantization_config_readers():
     assert matches("re:.*mlp.gate$", "model.layers.3.mlp.gate") and not matches("lm_head", "model.lm_headx")
     ct = checkpoint_formats({"quantization_config": {
         "quant_method": "compressed-tensors", "ignore": ["lm_head", "re:.*mlp.gate$"],
-        "config_groups": {"attn": {"targets": ["re:.*self_attn.*"], "weights": {"num_bits": 8, "type": "float"}},
-                          "rest": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}}}})
+        "config_groups": {"rest": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}},
+                          "attn": {"targets": ["re:.*self_attn.*"], "weights": {"num_bits": 8, "type": "float"}}}}})
+    assert ct.headline == "int4"   # a regex target wins over the class target for the layers it names:
     assert ct.format_of("model.layers.1.self_attn.q_proj", "linear") == "fp8"
     assert ct.format_of("model.layers.1.mlp.down_proj", "linear") == "int4"
     assert ct.format_of("model.layers.1.mlp.gate", "router") == "bf16"

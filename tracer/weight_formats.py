@@ -58,8 +58,8 @@ class CheckpointFormats:
 
     @property
     def headline(self) -> str:
-        """The format most weights are in: what `--dtype auto` reports."""
-        return self.groups[0].format
+        """The format most weights are in (a class-targeted group's, else the first): what `--dtype auto` reports."""
+        return next((g.format for g in self.groups if set(g.targets) & set(LAYER_CLASSES)), self.groups[0].format)
 
     def format_of(self, module: str, role: str, unquantized: str = "bf16") -> str:
         """The stored format of the weight that `module` (its owner) holds, multiplied as `role`."""
@@ -69,22 +69,23 @@ class CheckpointFormats:
             return unquantized
         if self.experts_only and role != EXPERTS:
             return unquantized
-        for group in self.groups:
-            if any(_targets(t, module, role) for t in group.targets):
-                return group.format
+        # compressed-tensors (vLLM compressed_tensors.py find_matched_target): a target naming the layer, or a
+        # regex, wins over a layer class
+        for by_class in (False, True):
+            for group in self.groups:
+                if any((t in LAYER_CLASSES) == by_class and (by_class or matches(t, module)) for t in group.targets):
+                    return group.format
         return unquantized
 
 
-def _targets(target: str, module: str, role: str) -> bool:
-    """A compressed-tensors target: a layer class ("Linear" covers every linear layer, experts' included,
-    since the checkpoint stores each expert as Linear layers), else a name or regex."""
-    if target in ("Linear", "nn.Linear", "torch.nn.Linear"):
-        return True
-    return matches(target, module)
+# compressed-tensors class targets: every linear layer, routed experts included (the checkpoint stores each
+# expert as Linear layers)
+LAYER_CLASSES = ("Linear", "nn.Linear", "torch.nn.Linear")
 
 
-def _scheme_format(weights: dict, activations: dict | None) -> str | None:
-    """A compressed-tensors weight scheme -> tracecost format."""
+def _scheme_format(weights: dict) -> str | None:
+    """A compressed-tensors weight scheme -> tracecost format (8-bit integer weights are priced as W8A8 int8,
+    with or without input_activations)."""
     bits, kind = weights.get("num_bits"), str(weights.get("type", "int")).lower()
     if kind == "float" and bits == 8:
         return "fp8_block" if str(weights.get("strategy", "")).lower() == "block" else "fp8"
@@ -102,11 +103,11 @@ def _compressed_tensors(q: dict) -> CheckpointFormats | None:
     for group in (q.get("config_groups") or {}).values():
         if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
             continue
-        fmt = _scheme_format(group["weights"], group.get("input_activations"))
+        fmt = _scheme_format(group["weights"])
         if fmt is None:
             continue
         targets = tuple(str(t) for t in group.get("targets") or ("Linear",))
-        lm_head = lm_head or any(t != "Linear" and matches(t, "lm_head") for t in targets)
+        lm_head = lm_head or any(t not in LAYER_CLASSES and matches(t, "lm_head") for t in targets)
         groups.append(FormatGroup(fmt, targets))
     if not groups:
         return None
@@ -200,7 +201,7 @@ def assign_formats(ops, formats: CheckpointFormats | None, layer_path: str, grou
                                                       f"{layer_path}.{layer}", owner)
             fmt = formats.format_of(path, role, unquantized) if formats is not None else unquantized
             counts[fmt] = counts.get(fmt, 0) + 1
-        out += [replace(op, weight_role=role, weight_format=fmt, count=n) for fmt, n in counts.items()]
+        out += [replace(op.times(n), weight_role=role, weight_format=fmt) for fmt, n in counts.items()]
     return out
 
 
