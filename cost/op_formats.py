@@ -101,7 +101,8 @@ def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
 
 
 def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwareProfile) -> list[str]:
-    """One note naming the per-op formats, one per weight-only format (what it streams, what it computes in)."""
+    """One note naming the per-op formats, one per weight-only format (what it streams, what it computes in);
+    each starts with "formats" (`is_formats_note`)."""
     table: dict[tuple, int] = {}
     weight_only: dict[str, RunFormat] = {}
     for k, f in zip(kernels, formats):
@@ -119,9 +120,14 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
     notes = [f"formats ({label} on {hw.name}, kernels per step): " + ", ".join(parts)]
     for fmt, f in weight_only.items():
         lacks = f", which has no {KERNELS[fmt][2]} matrix units" if KERNELS[fmt][2] else ""
-        notes.append(f"{fmt} weights run weight-only on {hw.name}{lacks}: read at {f.weight_bytes:g} bytes a "
-                     f"weight, dequantized in the GEMM, bf16 math; priced with "
+        width = f"{f.weight_bytes:g} byte" + ("" if f.weight_bytes == 1 else "s")
+        notes.append(f"formats: {fmt} weights run weight-only on {hw.name}{lacks}: read at {width} a weight, "
+                     f"dequantized in the GEMM, bf16 math; priced with "
                      f"{label}'s bf16 kernel models" + (" (int4 weight-only MoE fit for the experts)"
                                                          if any(g.kernel == "int4" for g in formats if g) else "")
                      + (f"; {f.source.split(':')[0]}" if f.source else ""))
     return notes
+
+
+def is_formats_note(note: str) -> bool:
+    return note.startswith("formats")

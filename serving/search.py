@@ -171,7 +171,7 @@ class Searcher:
                    f"({mem.weights / 1e9:.1f} GB of weights per GPU)"]
         elif not state.stable:
             why.append(state.note)
-        notes = [f"step overheads: {cost.overhead_origin}"]
+        notes = [f"step overheads: {cost.overhead_origin}"] + cost.formats_notes()
         if layout.pp > 1:
             notes.append(f"pipeline: {layout.pp} micro-batches in flight, stages of ceil(layers / {layout.pp}) "
                          f"layers (x{cost.stage_factor:.3f} for imbalance)")

@@ -8,6 +8,7 @@ from collections import defaultdict
 from .cli_io import dumps_strict, quiet_broken_pipe
 from .model_source import ModelError, ModelSpec, bundled_models, resolve_model
 from .table import format_table, human
+from .weight_formats import role_formats
 from .work import OP_CLASSES, Request, Trace, TraceOptions
 
 
@@ -73,6 +74,7 @@ def trace_summary(t: Trace) -> dict:
         "kv_cache_bytes_per_token": t.kv_bytes_per_token, "weight_bytes": t.weight_bytes,
         "unformulated_ops": t.unformulated, "notes": t.notes, "checks": t.checks,
         "state_bytes_per_sequence": t.state_bytes_per_sequence, "image_tokens": t.image_tokens,
+        "weight_formats": role_formats(t.ops),   # role -> checkpoint format -> weight GEMMs per step
     }
 
 
