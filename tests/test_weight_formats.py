@@ -74,6 +74,8 @@ def test_gpt_oss_120b():
         assert run_formats("gpt-oss-120b", device, "vllm") == {**expected,
                                                                "model.layers.*.mlp.experts": "mxfp4 weight-only"}
     assert run_formats("gpt-oss-120b", "h100", "sglang")["model.layers.*.mlp.experts"] == "mxfp4 weight-only"
+    # gpt-oss-20b's published config carries the same quantization_config
+    assert run_formats("gpt-oss-20b", "h100", "vllm") == {**expected, "model.layers.*.mlp.experts": "mxfp4 weight-only"}
     # Blackwell has fp4 matrix units: FlashInfer's MXFP4 MoE, priced with the nvfp4 kernel models
     assert run_formats("gpt-oss-120b", "b200", "vllm")["model.layers.*.mlp.experts"] == "nvfp4"
 
