@@ -24,14 +24,15 @@ from .profile import HardwareProfile, ProfileError
 
 NATIVE, RULE, WEIGHT_ONLY = "native", "engine rule", "weight-only"
 # checkpoint format -> (GEMM kernel model, fused-MoE kernel model, matrix type it needs); None: no such kernel,
-# always weight-only (W4A16). int8 W8A8 runs the per-tensor fp8 path's kernel models, as before. mxfp4 on
+# always weight-only (W4A16, W8A16: vLLM gptq_marlin / awq_marlin). int8 W8A8 runs the per-tensor fp8 path's kernel models, as before. mxfp4 on
 # Blackwell (FlashInfer's MXFP4 MoE) is priced with the nvfp4 models at mxfp4's bytes.
 KERNELS = {"bf16": ("bf16", "bf16", "bf16"), "fp8": ("fp8", "fp8", "fp8"), "fp8_block": ("fp8_block", "fp8_block", "fp8"),
            "int8": ("fp8", "fp8", "int8"), "fp4": ("nvfp4", "nvfp4", "fp4"), "mxfp4": ("nvfp4", "nvfp4", "fp4"),
-           "int4": (None, "int4", None)}
+           "int4": (None, "int4", None), "int8_wo": (None, None, None)}
 # bytes a stored weight element occupies, scales included where they matter (nvfp4: fp8 scale per 16; mxfp4:
 # 8-bit exponent per 32); what a weight-only kernel streams
-STORED_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8": 1.0, "fp4": 0.5625, "mxfp4": 0.53125, "int4": 0.5}
+STORED_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8": 1.0, "fp4": 0.5625, "mxfp4": 0.53125, "int4": 0.5,
+                "int8_wo": 1.0}
 ROLE_LABELS = {"linear": "linear", "experts": "MoE experts", "router": "router gates", "lm_head": "lm_head",
                "mla_absorbed": "MLA absorbed bmm"}
 

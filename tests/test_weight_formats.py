@@ -171,7 +171,12 @@ def test_quantization_config_readers():
                                                       "modules_to_not_convert": ["visual"]}})
     assert awq.format_of("model.visual.proj", "linear") == "bf16" and awq.format_of("model.x", "linear") == "int4"
     gptq = checkpoint_formats({"quantization_config": {"quant_method": "gptq", "bits": 8, "lm_head": True}})
-    assert gptq.format_of("lm_head", "lm_head") == "int8"
+    assert gptq.format_of("lm_head", "lm_head") == "int8_wo"   # W8A16: weight-only (gptq_marlin)
+    w8a16 = checkpoint_formats({"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {
+        "g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int"}}}}})
+    assert w8a16.headline == "int8_wo"
+    f = run_format("int8_wo", "linear", "vllm", load_profile("a100"), moe=False)
+    assert (f.kernel, f.weight_bytes, f.how) == ("bf16", 1.0, "weight-only")
     assert checkpoint_formats({"quantization_config": {"quant_method": "mxfp4"}}).format_of(
         "model.layers.0.self_attn.q_proj", "linear") == "bf16"
 
@@ -184,3 +189,10 @@ def test_an_ignore_list_naming_one_layer_splits_its_repeated_layers(tmp_path):
     t = trace(str(tmp_path), DECODE)
     down = {op.weight_format: op.count for op in t.ops if op.weight_module and op.weight_module.endswith("down_proj")}
     assert down == {"bf16": 1, "fp8_block": cfg["num_hidden_layers"] - 1}
+
+
+def test_an_unread_quantization_config_says_so(tmp_path):
+    cfg = dict(resolve_model("llama-3.2-1b").config, quantization_config={"quant_method": "eetq"})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    t = trace(str(tmp_path), DECODE)
+    assert t.options.dtype == "bf16" and any("quant_method 'eetq') not read" in n for n in t.notes)

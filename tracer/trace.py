@@ -185,6 +185,10 @@ def _notes(built: BuiltModel, options: TraceOptions, from_config: bool, run: "Ru
     notes = []
     if from_config and options.dtype in QUANTIZED_DTYPES:
         notes.append(f"weights priced as {options.dtype} from the config's quantization_config (--dtype overrides)")
+    quantization = built.config.to_dict().get("quantization_config") if hasattr(built.config, "to_dict") else None
+    if from_config and options.dtype not in QUANTIZED_DTYPES and isinstance(quantization, dict):
+        notes.append(f"quantization_config (quant_method {quantization.get('quant_method')!r}) not read: weights "
+                     f"priced as {options.dtype} (--dtype sets a format)")
     if built.mla_modules:
         notes.append("MLA attention in the absorbed (serving engine) form: latent KV cache, attention in latent space"
                      if options.mla_form == "absorbed" else

@@ -83,9 +83,9 @@ class CheckpointFormats:
 LAYER_CLASSES = ("Linear", "nn.Linear", "torch.nn.Linear")
 
 
-def _scheme_format(weights: dict) -> str | None:
-    """A compressed-tensors weight scheme -> tracecost format (8-bit integer weights are priced as W8A8 int8,
-    with or without input_activations)."""
+def _scheme_format(weights: dict, activations) -> str | None:
+    """A compressed-tensors weight scheme -> tracecost format; integer weights without input_activations are
+    weight-only (W8A16, W4A16)."""
     bits, kind = weights.get("num_bits"), str(weights.get("type", "int")).lower()
     if kind == "float" and bits == 8:
         return "fp8_block" if str(weights.get("strategy", "")).lower() == "block" else "fp8"
@@ -94,7 +94,7 @@ def _scheme_format(weights: dict) -> str | None:
     if bits == 4:
         return "int4"
     if bits == 8:
-        return "int8"
+        return "int8" if isinstance(activations, dict) else "int8_wo"
     return None
 
 
@@ -103,7 +103,7 @@ def _compressed_tensors(q: dict) -> CheckpointFormats | None:
     for group in (q.get("config_groups") or {}).values():
         if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
             continue
-        fmt = _scheme_format(group["weights"])
+        fmt = _scheme_format(group["weights"], group.get("input_activations"))
         if fmt is None:
             continue
         targets = tuple(str(t) for t in group.get("targets") or ("Linear",))
@@ -141,7 +141,8 @@ def checkpoint_formats(config: dict) -> CheckpointFormats | None:
         bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
         if method == "bitsandbytes" and not bits:
             bits = 4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else None
-        fmt = {4: "int4", 8: "int8"}.get(int(bits)) if bits else None
+        # GPTQ / AWQ / bitsandbytes keep activations in bf16: weight-only at 4 and 8 bits (Marlin, W8A16)
+        fmt = {4: "int4", 8: "int8_wo"}.get(int(bits)) if bits else None
         if fmt is None:
             return None
         return CheckpointFormats(method, (FormatGroup(fmt),), skipped + tuple(q.get("llm_int8_skip_modules") or ()),
