@@ -303,7 +303,8 @@ class Searcher:
                          limits_d.max_num_seqs, limits_p.max_batched_tokens,
                          mem_d.kv_tokens, "balanced pools", not why, why,
                          [f"KV transfer {transfer_s * 1e3:.2f} ms per request over {self.hw.interconnect_name}",
-                          "decode instances ignore the prefix cache; prefill instances use it"],
+                          "decode instances ignore the prefix cache; prefill instances use it"]
+                         + self.cost(decode).formats_notes(),
                          replace(prefill, dp=p), p, d)
 
 
