@@ -18,7 +18,7 @@ cost model's business (cost/op_formats.py).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # what a weight is to the model; engines keep per-role rules (cost/engine_formats.json)
 LINEAR, EXPERTS, ROUTER, LM_HEAD, MLA_ABSORBED = "linear", "experts", "router", "lm_head", "mla_absorbed"
@@ -157,6 +157,7 @@ def uniform_formats(fmt: str) -> CheckpointFormats:
 
 
 def weight_role(op, routers: set[int], lm_head: str | None) -> str:
+    """What a weight GEMM's weight is: a recorded role (MLA absorption) first, then by structure."""
     if op.experts is not None:
         return EXPERTS
     if op.weight_role is not None:
@@ -185,7 +186,6 @@ def assign_formats(ops, formats: CheckpointFormats | None, layer_path: str, grou
     """Each weight-multiplying op with its role and the checkpoint's format, repeated layers multiplied: an op of
     a traced layer stands for every layer of its group, split where a layer's module is stored in another
     format (an ignore list naming single layers)."""
-    from dataclasses import replace
     members = {group[0]: group for group in groups}
     routers = _routers(ops)
     out = []
