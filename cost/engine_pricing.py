@@ -11,33 +11,20 @@ from .engines import ENGINES
 from .execution import Kernel
 from .kernel_rows import WEIGHT_FORMATS, attention_model, gemm_rows_time
 from .kernels import KernelTime
+from .op_formats import RunFormat
 from .profile import HardwareProfile, ProfileError
-
-# trace weight dtype -> the engine's GEMM / fused-MoE kernel family (int8 W8A8 runs the per-tensor fp8 path's
-# kernels at the int8 peak; int4 weight-only runs bf16 math on 4-bit weights)
-GEMM_FORMAT = {"bf16": "bf16", "fp16": "bf16", "fp32": "bf16", "fp8": "fp8", "fp8_block": "fp8_block",
-               "int8": "fp8", "fp4": "nvfp4", "int4": "bf16"}
-MOE_FORMAT = {"bf16": "bf16", "fp16": "bf16", "fp32": "bf16", "fp8": "fp8", "fp8_block": "fp8_block",
-              "int8": "fp8", "fp4": "nvfp4", "int4": "int4"}
-
 
 def _kernel_time(t: Times) -> KernelTime:
     t = t.scalar()
     return KernelTime(t.seconds, t.compute_s, t.memory_s, t.fixed_s)
 
 
-def _weight_format(weight_dtype: str) -> str:
-    if weight_dtype not in GEMM_FORMAT:
-        raise ProfileError(f"no engine kernel model for weight dtype '{weight_dtype}'")
-    return GEMM_FORMAT[weight_dtype]
-
-
-def gemm_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, weight_dtype: str) -> KernelTime:
+def gemm_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: RunFormat) -> KernelTime:
     g = k.gemm
-    fmt = _weight_format(weight_dtype)
-    fused = fmt in ENGINES[cal.engine].fused_activation_quant
+    fused = fmt.kernel in ENGINES[cal.engine].fused_activation_quant
     # a batched GEMM (MLA's per-head absorption) has a weight per batch entry: as wide as all of them
-    return _kernel_time(gemm_rows_time(cal, hw, fmt, g.m, g.n * max(1, g.batch), g.k, True, quant_fused=fused))
+    return _kernel_time(gemm_rows_time(cal, hw, fmt.kernel, g.m, g.n * max(1, g.batch), g.k, True, quant_fused=fused,
+                                       weight_bytes=fmt.weight_bytes))
 
 
 def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
@@ -57,11 +44,11 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
     return _kernel_time(t)
 
 
-def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, weight_dtype: str) -> KernelTime:
+def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: RunFormat) -> KernelTime:
     c = k.moe
-    fmt = MOE_FORMAT.get(weight_dtype, "bf16")
-    p = _section(cal.moe, fmt, "fused MoE", cal)
-    weight_bytes, compute_dtype, _ = WEIGHT_FORMATS[fmt]
+    p = _section(cal.moe, fmt.kernel, "fused MoE", cal)
+    _, compute_dtype, _ = WEIGHT_FORMATS[fmt.kernel]
+    weight_bytes = fmt.weight_bytes
     stats = routing_stats("random", c.tokens, c.experts, c.top_k, c.ep)
     t = moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, c.tokens, c.hidden,
                  c.inter / c.tp, c.top_k, stats.pairs, stats.active_experts, stats.padded_tiles, gated=c.gated,
@@ -74,15 +61,15 @@ def stream_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration) -> Ke
     return _kernel_time(stream_time(cal.elementwise, hw.bandwidth, hw.l2_bytes, k.bytes / 2, k.bytes / 2))
 
 
-def price_engine_kernel(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, weight_dtype: str,
+def price_engine_kernel(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: RunFormat | None,
                         kv_bytes: float) -> KernelTime:
-    """`weight_dtype`: the trace's weight format (every GEMM of a trace has it); `kv_bytes`: KV element size."""
+    """`fmt`: how the engine runs a GEMM's weights (cost/op_formats.py); `kv_bytes`: KV element size."""
     if k.moe is not None:
-        return moe_seconds(k, hw, cal, weight_dtype)
+        return moe_seconds(k, hw, cal, fmt)
     if k.op is not None and k.op.attention is not None:
         return attention_seconds(k, hw, cal, kv_bytes)
     if k.gemm is not None and k.op_class == "gemm":
-        return gemm_seconds(k, hw, cal, weight_dtype)
+        return gemm_seconds(k, hw, cal, fmt)
     return stream_seconds(k, hw, cal)
 
 

@@ -12,6 +12,7 @@ from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, expe
 from .engine_kernels import allreduce_time, nearest_curve
 from .engine_kernels import stream_time as stream_engine
 from .engine_pricing import price_engine_kernel
+from .op_formats import RunFormat, formats_note, op_format
 from .parallel import (all_reduce_seconds, cross_node_all_reduce_seconds,
                        group_all_to_all_seconds)
 from .profile import HardwareProfile
@@ -200,9 +201,11 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         comm = _eager_communication(trace, par, hw)
     else:
         cal = hw.engine(engine)
-        weight_dtype = trace.options.dtype
-        priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, weight_dtype, trace.kv_element_size))
-                  for k in kernels]
+        formats = [op_format(k.op, engine, hw, trace.options.dtype, tuple(cal.moe)) if k.op_class == GEMM else None
+                   for k in kernels]
+        priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, f, trace.kv_element_size))
+                  for k, f in zip(kernels, formats)]
+        notes += formats_note(kernels, formats, engine, hw)
         comm = _engine_communication(trace, par, hw, engine, notes)
         notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
         notes += [f"{ENGINES[engine].label} kernels: {s}" for s in cal.inherited]
@@ -235,17 +238,17 @@ def sampling_seconds(rows: float, vocab: int, hw: HardwareProfile, engine: str =
 _PRICE_CACHE: dict = {}
 
 
-def _cached_engine_price(k: Kernel, hw: HardwareProfile, cal, weight_dtype: str, kv_bytes: float) -> KernelTime:
+def _cached_engine_price(k: Kernel, hw: HardwareProfile, cal, fmt: RunFormat | None, kv_bytes: float) -> KernelTime:
     """Engine kernels of equal shape cost the same; layouts and steps repeat shapes, so price each once."""
     op = k.op
     if op is not None and op.state is not None:  # no engine kernel model for recurrent mixers: the roofline
         return state_time(k.flops, k.bytes, op.state, op.dtype, hw)
     shape = (k.gemm, k.moe, op.attention if op is not None else None, k.op_class, k.bytes if k.gemm is None else 0)
-    key = (hw.path or hw.key, id(cal), weight_dtype, kv_bytes, shape)
+    key = (hw.path or hw.key, id(cal), fmt, kv_bytes, shape)
     if key not in _PRICE_CACHE:
         if len(_PRICE_CACHE) > 200_000:
             _PRICE_CACHE.clear()
-        _PRICE_CACHE[key] = price_engine_kernel(k, hw, cal, weight_dtype, kv_bytes)
+        _PRICE_CACHE[key] = price_engine_kernel(k, hw, cal, fmt, kv_bytes)
     return _PRICE_CACHE[key]
 
 

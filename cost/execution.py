@@ -95,7 +95,8 @@ def _mergeable_gemm(kernels: list[Kernel], op: Op, lookback: int = 4) -> int | N
         k = kernels[j]
         if (k.op_class == GEMM and k.op is not None and k.op.experts is None and k.gemm is not None
                 and k.op.source == op.source and k.gemm.k == op.gemm.k and k.gemm.m == op.gemm.m
-                and k.count == op.count and k.op.layer == op.layer):
+                and k.count == op.count and k.op.layer == op.layer
+                and (k.op.weight_format, k.op.weight_role) == (op.weight_format, op.weight_role)):
             return j
     return None
 

@@ -2,7 +2,8 @@
 
 ROWS is a file (or - for stdin) with one JSON object per line; each is written back with "ms" added:
 
-    {"op":"gemm","m":..,"n":..,"k":..,"dtype":"bf16|fp8|fp8_block|nvfp4"}
+    {"op":"gemm","m":..,"n":..,"k":..,"dtype":"bf16|fp8|fp8_block|nvfp4|mxfp4|int4",
+     "role":"linear|router|lm_head|mla_absorbed"}     (run as the engine runs them: cost/op_formats.py)
     {"op":"attention","phase":"prefill|decode","batch":..,"query":..,"context":..,"heads":..,"kv_heads":..,
      "head_dim":..,"window":0,"kv_dtype":"bf16|fp8"}             (decode: query 1 over context + 1 keys)
     {"op":"moe","tokens":..,"hidden":..,"inter":..,"experts":..,"top_k":..,"tp":1,"ep":1,"dtype":..,

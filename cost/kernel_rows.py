@@ -1,7 +1,9 @@
 """Kernel calls as the published kernel tables time them: typed rows, parsed from JSON, priced in bulk.
 
 A row is one kernel call; its timed region is what the AIConfigurator collectors time:
-- gemm: x[m,k] @ W[n,k]^T; fp8, fp8_block and nvfp4 include the activation's quantization kernel.
+- gemm: x[m,k] @ W[n,k]^T; fp8, fp8_block and nvfp4 include the activation's quantization kernel. `role`
+  (router, lm_head, mla_absorbed) and formats beyond the fitted ones (mxfp4, int4, or fp8 on a GPU without
+  fp8) run as the engine runs them (cost/op_formats.py): its rules, weight-only where the device lacks them.
   The collectors cycle 6 weight copies (bf16, fp8) or 1 (fp8_block, nvfp4) in a CUDA graph, so small
   weights stay in L2; `"cold": true` prices weights streamed from HBM as in a model step.
 - attention: `batch` sequences of `query` new tokens over `context` cached ones (decode: query 1, over
@@ -25,6 +27,11 @@ from .profile import HardwareProfile, ProfileError
 
 GEMM_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
 MOE_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4", "int4")
+# formats a row may ask for beyond the fitted kernel models: run as the engine runs them (cost/op_formats.py),
+# weight-only on devices without the matrix type
+ROW_GEMM_DTYPES = GEMM_DTYPES + ("mxfp4", "int4")
+ROW_MOE_DTYPES = MOE_DTYPES + ("mxfp4",)
+GEMM_ROLES = ("linear", "router", "lm_head", "mla_absorbed")   # tracer/weight_formats.py WEIGHT_ROLES
 KV_DTYPES = ("bf16", "fp8")
 # weight bytes, the matrix-unit dtype, and the quantized activation's bytes (None: bf16 activations)
 WEIGHT_FORMATS = {"bf16": (2.0, "bf16", None), "fp8": (1.0, "fp8", 1.0), "fp8_block": (1.0, "fp8", 1.0),
@@ -43,6 +50,7 @@ class GemmRow:
     k: int
     dtype: str = "bf16"
     cold: bool = False
+    role: str = "linear"     # what the weight is: an engine may run a router gate or MLA's bmm in bf16
 
 
 @dataclass(frozen=True)
@@ -81,8 +89,8 @@ class AllreduceRow:
 
 
 ROW_TYPES = {"gemm": GemmRow, "attention": AttentionRow, "moe": MoeRow, "allreduce": AllreduceRow}
-_CHOICES = {"dtype": {GemmRow: GEMM_DTYPES, MoeRow: MOE_DTYPES}, "kv_dtype": KV_DTYPES, "phase": ("prefill", "decode"),
-            "impl": ("custom", "nccl")}
+_CHOICES = {"dtype": {GemmRow: ROW_GEMM_DTYPES, MoeRow: ROW_MOE_DTYPES}, "kv_dtype": KV_DTYPES,
+            "phase": ("prefill", "decode"), "impl": ("custom", "nccl"), "role": GEMM_ROLES}
 _ZERO_OK = {"context", "window"}
 PASSTHROUGH = {"id", "label", "source", "measured_ms"}   # a row may carry these; they are written back untouched
 
@@ -155,10 +163,12 @@ def _need(table: dict, key: str, what: str, cal: EngineCalibration):
 
 
 def gemm_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, m, n, k, cold, params=None,
-                   quant_fused: bool = False) -> Times:
+                   quant_fused: bool = False, weight_bytes: float | None = None) -> Times:
     """`quant_fused`: the activations arrive quantized (an engine fusing it into the previous kernel), so
-    the quantization passes the tables time with the GEMM are left out."""
-    weight_bytes, compute_dtype, quant_bytes = WEIGHT_FORMATS[dtype]
+    the quantization passes the tables time with the GEMM are left out. `weight_bytes`: the stored width when
+    it differs from the kernel's own (a weight-only GEMM: the bf16 kernel streaming 8- or 4-bit weights)."""
+    stored, compute_dtype, quant_bytes = WEIGHT_FORMATS[dtype]
+    weight_bytes = stored if weight_bytes is None else weight_bytes
     p = params or _need(cal.gemm, dtype, "GEMM format", cal)
     copies = np.where(cold, 0.0, TABLE_WEIGHT_COPIES.get(dtype, 1))
     t = gemm_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, hw.l2_bytes, m, n, k,
@@ -193,8 +203,10 @@ def attention_rows_time(cal: EngineCalibration, hw: HardwareProfile, phase: str,
                                   kv_bytes=kv_bytes)
 
 
-def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows: list[MoeRow], params=None) -> Times:
-    weight_bytes, compute_dtype, _ = WEIGHT_FORMATS[dtype]
+def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows: list[MoeRow], params=None,
+                  weight_bytes: float | None = None) -> Times:
+    stored, compute_dtype, _ = WEIGHT_FORMATS[dtype]
+    weight_bytes = stored if weight_bytes is None else weight_bytes
     p = params or _need(cal.moe, dtype, "MoE format", cal)
     stats = [routing_stats(r.distribution, r.tokens, r.experts, r.top_k, r.ep) for r in rows]
     tokens, hidden, inter, tp, top_k = _columns(rows, "tokens", "hidden", "inter", "tp", "top_k")
@@ -222,16 +234,18 @@ def group_key(row) -> tuple:
     return ("allreduce", row.impl, row.gpus)
 
 
-def price_group(cal: EngineCalibration, hw: HardwareProfile, key: tuple, rows: list, params=None) -> Times:
+def price_group(cal: EngineCalibration, hw: HardwareProfile, key: tuple, rows: list, params=None,
+                weight_bytes: float | None = None) -> Times:
     kind = key[0]
     if kind == "gemm":
         m, n, k = _columns(rows, "m", "n", "k")
-        return gemm_rows_time(cal, hw, key[1], m, n, k, np.array([r.cold for r in rows]), params)
+        return gemm_rows_time(cal, hw, key[1], m, n, k, np.array([r.cold for r in rows]), params,
+                              weight_bytes=weight_bytes)
     if kind == "attention":
         cols = _columns(rows, "batch", "query", "context", "heads", "kv_heads", "head_dim", "window")
         return attention_rows_time(cal, hw, key[1], key[2], *cols, np.array([r.cold for r in rows]), params)
     if kind == "moe":
-        return moe_rows_time(cal, hw, key[1], rows, params)
+        return moe_rows_time(cal, hw, key[1], rows, params, weight_bytes=weight_bytes)
     return allreduce_rows_time(cal, key[1], key[2], _columns(rows, "bytes")[0], params)
 
 
@@ -244,8 +258,24 @@ def group_rows(rows: list) -> dict[tuple, list[int]]:
 
 
 def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.ndarray:
-    """Seconds per row, in row order; rows of one kernel model are priced in one vectorized call."""
+    """Seconds per row, in row order; rows of one kernel model are priced in one vectorized call. A GEMM or MoE
+    row runs in the format the engine runs it in (cost/op_formats.py): its role's rule, or weight-only where the
+    device lacks the format's matrix type."""
+    from .op_formats import run_format
     seconds = np.zeros(len(rows))
     for key, index in group_rows(rows).items():
-        seconds[index] = price_group(cal, hw, key, [rows[i] for i in index]).seconds
+        if key[0] not in ("gemm", "moe"):
+            seconds[index] = price_group(cal, hw, key, [rows[i] for i in index]).seconds
+            continue
+        by_role: dict[str, list[int]] = {}
+        for i in index:
+            by_role.setdefault(getattr(rows[i], "role", "experts"), []).append(i)
+        for role, part in by_role.items():
+            f = run_format(CHECKPOINT_FORMAT.get(key[1], key[1]), role, cal.engine, hw, moe=key[0] == "moe",
+                           moe_models=tuple(cal.moe))
+            seconds[part] = price_group(cal, hw, (key[0], f.kernel), [rows[i] for i in part],
+                                        weight_bytes=f.weight_bytes).seconds
     return seconds
+
+
+CHECKPOINT_FORMAT = {"nvfp4": "fp4"}   # a row's kernel name -> the checkpoint format (tracer/dtypes.py) it stores

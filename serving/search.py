@@ -172,7 +172,7 @@ class Searcher:
                    f"({mem.weights / 1e9:.1f} GB of weights per GPU)"]
         elif not state.stable:
             why.append(state.note)
-        notes = [f"step overheads: {cost.overhead_origin}"]
+        notes = [f"step overheads: {cost.overhead_origin}"] + cost.formats_notes()
         if layout.pp > 1:
             notes.append(f"pipeline: {layout.pp} micro-batches in flight, stages of ceil(layers / {layout.pp}) "
                          f"layers (x{cost.stage_factor:.3f} for imbalance)")
@@ -304,7 +304,8 @@ class Searcher:
                          limits_d.max_num_seqs, limits_p.max_batched_tokens,
                          mem_d.kv_tokens, "balanced pools", not why, why,
                          [f"KV transfer {transfer_s * 1e3:.2f} ms per request over {self.hw.interconnect_name}",
-                          "decode instances ignore the prefix cache; prefill instances use it"],
+                          "decode instances ignore the prefix cache; prefill instances use it"]
+                         + self.cost(decode).formats_notes(),
                          replace(prefill, dp=p), p, d)
 
 

@@ -14,6 +14,7 @@ import math
 
 from cost.engines import ENGINES, ServingOverheads, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
+from cost.op_formats import is_formats_note
 from cost.parallel import point_to_point_seconds
 from cost.execution import ENGINE
 from cost.profile import HardwareProfile
@@ -53,6 +54,7 @@ class StepCost:
         self._sampled: dict = {}     # rows -> sampling seconds
         self._memory: dict = {}      # (step tokens, memory fraction, reserve) -> ReplicaMemory
         self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
+        self._formats_notes: list[str] | None = None
 
     def _parts(self, request: Request) -> tuple[float, float]:
         """(seconds without attention, attention seconds) of one forward."""
@@ -69,6 +71,14 @@ class StepCost:
                     self.shared[key] = parts
             self._cache[request] = parts
         return parts
+
+    def formats_notes(self) -> list[str]:
+        """The weight format each kind of GEMM runs in (cost/op_formats.py), from a one-token step."""
+        if self._formats_notes is None:
+            e = estimate(trace(self.spec, Request(1, 1, 0), self.options), self.hw, self.execution, self.par,
+                         self.engine)
+            self._formats_notes = [n for n in e.notes if is_formats_note(n)]
+        return self._formats_notes
 
     def linear(self, tokens: int) -> float:
         """Everything but attention for a step of `tokens` tokens, interpolated between power-of-two shapes."""

@@ -8,6 +8,7 @@ import pytest
 from cost.engine_kernels import DecodeAttentionParams, PrefillAttentionParams
 from cost.engine_kernels.attention import decode_attention_time, prefill_attention_time
 from cost.engine_pricing import price_engine_kernel
+from cost.op_formats import RunFormat
 from cost.estimate import Parallelism, engine_allreduce_seconds, estimate
 from cost.execution import ENGINE, build_kernels
 from cost.profile import ProfileError, load_profile
@@ -44,8 +45,8 @@ def test_trtllm_fuses_fp8_activation_quantization():
     t = trace("llama-3.1-8b", Request(64, 1, 2048, decode=True), TraceOptions(dtype="fp8"))
     gemm = next(k for k in build_kernels(t, ENGINE, 1, 1) if k.op_class == "gemm" and k.gemm is not None)
     trtllm = hw.engine("trtllm")
-    fused = price_engine_kernel(gemm, hw, trtllm, "fp8", 1.0).seconds
-    unfused = price_engine_kernel(gemm, hw, replace(trtllm, engine="vllm"), "fp8", 1.0).seconds
+    fused = price_engine_kernel(gemm, hw, trtllm, RunFormat("fp8", 1.0, "fp8"), 1.0).seconds
+    unfused = price_engine_kernel(gemm, hw, replace(trtllm, engine="vllm"), RunFormat("fp8", 1.0, "fp8"), 1.0).seconds
     assert fused < unfused           # same fitted GEMM, without the quantization pass the tables time with it
     bf16 = estimate(trace("llama-3.1-8b", Request(64, 1, 2048, decode=True), TraceOptions()), hw, "engine",
                     Parallelism(1), engine="trtllm").latency_s

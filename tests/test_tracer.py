@@ -130,10 +130,17 @@ def test_moe_expected_routing():
 def test_fp8_weights_halve_gemm_weight_bytes():
     bf16 = trace("llama-3.2-1b", Request(1, 1, 10, decode=True))
     fp8 = trace("llama-3.2-1b", Request(1, 1, 10, decode=True), TraceOptions(dtype="fp8"))
-    w16 = sum(op.weight_bytes * op.count for op in bf16.ops if op.op_class == "gemm")
-    w8 = sum(op.weight_bytes * op.count for op in fp8.ops if op.op_class == "gemm")
+    # every linear layer at one byte; lm_head stays bf16, as transformers and vLLM keep the output embedding
+    w16 = sum(op.weight_bytes * op.count for op in bf16.ops if op.op_class == "gemm" and op.module != "lm_head")
+    w8 = sum(op.weight_bytes * op.count for op in fp8.ops if op.op_class == "gemm" and op.module != "lm_head")
     assert w8 == pytest.approx(w16 / 2)
-    assert all(op.dtype == "fp8" for op in fp8.ops if op.op_class == "gemm")
+    linear = [op for op in fp8.ops if op.op_class == "gemm" and op.weight_operand == "param" and op.module != "lm_head"]
+    assert linear and all(op.dtype == "fp8" and op.weight_format == "fp8" for op in linear)
+    # a GEMM of two activations (the rotary table) has no weight to quantize
+    assert all(op.weight_format is None and op.dtype != "fp8" for op in fp8.ops
+               if op.op_class == "gemm" and op.weight_operand != "param")
+    head = next(op for op in fp8.ops if op.module == "lm_head")
+    assert (head.dtype, head.weight_format, head.weight_role) == ("bf16", "bf16", "lm_head")
 
 
 def test_no_unformulated_matrix_ops_in_bundled_models():
@@ -196,16 +203,19 @@ def test_quantization_config_sets_the_weight_format(tmp_path):
     assert config_weight_dtype({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}) == "fp8"
     assert config_weight_dtype({"quantization_config": {"quant_method": "awq", "bits": 4}}) == "int4"
     assert config_weight_dtype({"quantization_config": {"quant_method": "nvfp4"}}) == "fp4"
-    assert config_weight_dtype({"quantization_config": {"quant_method": "mxfp4"}}) == "int4"
+    assert config_weight_dtype({"quantization_config": {"quant_method": "mxfp4"}}) == "mxfp4"
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, quantization_config={"quant_method": "fp8"})))
     req = Request(1, 1, 64, decode=True)
     auto, bf16 = trace(str(tmp_path), req), trace(str(tmp_path), req, TraceOptions(dtype="bf16"))
-    assert auto.options.dtype == "fp8" and auto.weight_bytes == pytest.approx(bf16.weight_bytes / 2)
+    # linear layers at one byte; the (tied) embedding and the norms stay bf16: one more byte each
+    unquantized = cfg["vocab_size"] * cfg["hidden_size"] + (2 * cfg["num_hidden_layers"] + 1) * cfg["hidden_size"]
+    assert auto.options.dtype == "fp8" and auto.weight_bytes == pytest.approx(bf16.weight_bytes / 2 + unquantized)
     assert any("quantization_config" in n for n in auto.notes)
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, quantization_config={"quant_method": "gptq",
                                                                                      "bits": 4})))
     w4 = trace(str(tmp_path), req)
-    assert {op.dtype for op in w4.ops if op.op_class == "gemm"} == {"bf16"}  # dequantized to bf16 for the GEMM
+    assert {op.dtype for op in w4.ops if op.weight_format is not None} == {"bf16"}  # dequantized to bf16 for the GEMM
+    assert {op.weight_format for op in w4.ops if op.weight_role == "linear"} == {"int4"}
 
 
 def test_disk_cache_skips_torch_on_a_repeat(tmp_path):

@@ -8,6 +8,7 @@ from collections import defaultdict
 from .cli_io import dumps_strict, quiet_broken_pipe
 from .model_source import ModelError, ModelSpec, bundled_models, resolve_model
 from .table import format_table, human
+from .weight_formats import role_formats
 from .work import OP_CLASSES, Request, Trace, TraceOptions
 
 
@@ -19,10 +20,14 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "fp8", "fp8_block", "int8", "int4", "fp4"],
-                   help="weight dtype; auto (default): the config's quantization_config if any, else bf16. "
-                        "fp8 (per-tensor scales), fp8_block (128x128 block scales), int8 and fp4 GEMMs run at that "
-                        "precision; int4 weights are dequantized to bf16")
+    p.add_argument("--dtype", default="auto",
+                   choices=["auto", "bf16", "fp16", "fp32", "fp8", "fp8_block", "int8", "int8_wo", "int4", "fp4", "mxfp4"],
+                   help="weight dtype; auto (default): each module in the format the config's quantization_config "
+                        "gives it (its ignore lists kept), else bf16; a format given here applies to every linear "
+                        "layer (lm_head stays bf16). fp8 (per-tensor scales), fp8_block (128x128 block scales), "
+                        "int8 and fp4 GEMMs run at that precision where the device has it, weight-only (bf16 math) "
+                        "where it does not; int4 and int8_wo (W4A16, W8A16: GPTQ, AWQ) weights are always dequantized "
+                        "to bf16")
     p.add_argument("--kv-cache-dtype", default=None, choices=["bf16", "fp16", "fp32", "fp8", "int8"],
                    help="KV cache dtype (default: the model dtype)")
     p.add_argument("--mla-form", default="auto", choices=["auto", "absorbed", "hf"],
@@ -70,6 +75,7 @@ def trace_summary(t: Trace) -> dict:
         "kv_cache_bytes_per_token": t.kv_bytes_per_token, "weight_bytes": t.weight_bytes,
         "unformulated_ops": t.unformulated, "notes": t.notes, "checks": t.checks,
         "state_bytes_per_sequence": t.state_bytes_per_sequence, "image_tokens": t.image_tokens,
+        "weight_formats": role_formats(t.ops),   # role -> checkpoint format -> weight GEMMs per step
     }
 
 

@@ -7,12 +7,14 @@ KV head of kv_lora_rank + rope dims, and V is the first kv_lora_rank dims of tha
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
 
 from .attention import record_attention
 from .recorder import active_recorder
+from .weight_formats import MLA_ABSORBED
 from .work import OTHER, VECTOR
 
 FORMS = ("absorbed", "hf")
@@ -36,6 +38,11 @@ def _rotate(x: torch.Tensor, positions: int) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def _absorbed(rec):
+    """kv_b_proj's halves multiplied per head outside their Linear: engines run them as their own bmm."""
+    return rec.role(MLA_ABSORBED) if rec is not None else contextlib.nullcontext()
 
 
 def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
@@ -65,7 +72,8 @@ def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
     w_kv = self.kv_b_proj.weight.view(heads, nope + v_dim, latent)
     w_uk, w_uv = w_kv[:, :nope, :], w_kv[:, nope:, :]
     q_nope = q_nope.permute(2, 0, 1, 3).reshape(heads, batch * tokens, nope)
-    q_latent = torch.bmm(q_nope, w_uk)
+    with _absorbed(rec):
+        q_latent = torch.bmm(q_nope, w_uk)
 
     query = q_latent.new_empty(batch, heads, tokens, latent + rope)
     keys = kv_latent.new_empty(batch, 1, context + tokens, latent + rope)
@@ -73,7 +81,8 @@ def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
 
     # absorb W_UV into the output: [H, B*T, latent] @ [H, latent, v]
     out = out.permute(2, 0, 1, 3).reshape(heads, batch * tokens, latent)
-    out = torch.bmm(out, w_uv.transpose(1, 2))
+    with _absorbed(rec):
+        out = torch.bmm(out, w_uv.transpose(1, 2))
     out = out.view(heads, batch, tokens, v_dim).permute(1, 2, 0, 3).reshape(batch, tokens, heads * v_dim)
     return self.o_proj(out), None
 

@@ -88,20 +88,8 @@ def resolve_model(model: str, revision: str | None = None, trust_remote_code: bo
 
 
 def config_weight_dtype(config: dict) -> str | None:
-    """The weight format a config's quantization_config declares (fp8, fp8_block, int8, int4, fp4), or None."""
-    q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
-    if not isinstance(q, dict):
-        return None
-    method = str(q.get("quant_method", "")).lower()
-    bits = q.get("bits") or q.get("w_bit") or q.get("weight_bits")
-    if method in ("fp8", "fbgemm_fp8", "finegrained_fp8") or "fp8" in str(q.get("fmt", "")).lower():
-        return "fp8_block" if q.get("weight_block_size") else "fp8"
-    if method in ("nvfp4", "fp4"):
-        return "fp4"
-    if method == "mxfp4":  # gpt-oss: 4-bit weights that Hopper-class engines dequantize to bf16
-        return "int4"
-    if method in ("awq", "gptq", "autoround", "hqq", "bitsandbytes", "compressed-tensors", "quanto") and bits:
-        return {4: "int4", 8: "int8"}.get(int(bits))
-    if method == "bitsandbytes":
-        return "int4" if q.get("load_in_4bit") else "int8" if q.get("load_in_8bit") else None
-    return None
+    """The weight format most of a config's weights are stored in (fp8, fp8_block, int8, int4, fp4, mxfp4), or
+    None; tracer/weight_formats.py reads the per-module formats."""
+    from .weight_formats import checkpoint_formats
+    formats = checkpoint_formats(config)
+    return formats.headline if formats is not None else None

@@ -69,6 +69,8 @@ class _Raw:
     kv_cache_write: bool = False
     broadcast: bool = False
     operand: str | None = None      # "param" / "buffer": the op reads a weight (or a view or cast of one)
+    weight_module: str | None = None  # the module owning the parameter a GEMM multiplies
+    weight_role: str | None = None    # set while a model applies a weight outside its module (MLA absorption)
     consumers: set = field(default_factory=set)
 
 
@@ -126,6 +128,10 @@ class Recorder(TorchDispatchMode):
         # id of a routed experts' weight -> (top_k, experts, ops that read it) of the routed ops that read it
         self.expert_params: dict[int, tuple[int, int, int]] = {}
         self._last_roots: list = []
+        self.weight_role: str | None = None  # the role of the weights the next GEMMs multiply (weight_formats)
+        self._owner = WeakIdKeyDictionary()  # parameter -> the module path that holds it
+        for name, p in model.named_parameters():
+            self._owner[p] = name.rsplit(".", 1)[0] if "." in name else ""
         for p in model.parameters():
             self._params[p] = True
             self._weight_of[p] = p
@@ -154,6 +160,15 @@ class Recorder(TorchDispatchMode):
     @property
     def module(self) -> tuple[str, str]:
         return self._stack[-1]
+
+    @contextlib.contextmanager
+    def role(self, role: str):
+        """GEMMs inside multiply their weights as `role` (e.g. MLA's absorbed kv_b_proj halves)."""
+        saved, self.weight_role = self.weight_role, role
+        try:
+            yield
+        finally:
+            self.weight_role = saved
 
     @contextlib.contextmanager
     def suppressed(self):
@@ -230,6 +245,8 @@ class Recorder(TorchDispatchMode):
         raw.bytes_written = sum(tensor_bytes(t) for t in outputs) if bytes_written is None else bytes_written
         raw.weight_bytes = weights if weight_bytes is None else weight_bytes
         raw.fusion_group = None
+        if experts is not None:
+            raw.weight_module = raw.module
         self._append(raw, outputs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -294,6 +311,9 @@ class Recorder(TorchDispatchMode):
         raw = self._new_raw("aten." + name, work.op_class, work.unit, work.flops, dtype_name(dtype),
                             tuple(tuple(t.shape) for t in flat_in), tuple(flat_out[0].shape) if flat_out else (),
                             reads=reads, gemm=work.gemm, operand=operand)
+        if work.op_class == GEMM and self._last_roots:
+            raw.weight_module = self._owner.get(self._last_roots[0])
+            raw.weight_role = self.weight_role
         raw.bytes_read = read_total
         raw.bytes_written = sum(tensor_bytes(t) for t in flat_out)
         raw.weight_bytes = weights
@@ -399,7 +419,8 @@ class Recorder(TorchDispatchMode):
                           module=raw.module, module_type=raw.module_type, shapes=raw.shapes, out_shape=raw.out_shape,
                           layer=raw.layer, fusion_group=raw.fusion_group, weight_bytes=raw.weight_bytes,
                           tp_sharded=raw.tp_sharded, gemm=raw.gemm, attention=raw.attention, experts=raw.experts,
-                          state=raw.state, weight_operand=raw.operand, fused_bytes=fb, fusion_key=key, kv_cache_write=raw.kv_cache_write, broadcast=raw.broadcast,
+                          state=raw.state, weight_operand=raw.operand, weight_module=raw.weight_module,
+                          weight_role=raw.weight_role, fused_bytes=fb, fusion_key=key, kv_cache_write=raw.kv_cache_write, broadcast=raw.broadcast,
                           source=next((p for p, _ in raw.reads if p is not None), None)))
         return ops
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from . import disk_cache
 from .dtypes import DTYPE_BYTES, GEMM_COMPUTE_DTYPE, QUANTIZED_DTYPES, TORCH_DTYPE_NAMES
 from .model_source import ModelError, ModelSpec, config_weight_dtype, resolve_model
+from .weight_formats import CheckpointFormats, assign_formats, checkpoint_formats, formats_summary, uniform_formats
 from .work import GEMM, Op, Request, Trace, TraceOptions
 
 if TYPE_CHECKING:  # torch and transformers load only when a trace is not cached
@@ -28,17 +29,23 @@ def validate(request: Request) -> None:
         raise ValueError("decode steps have query-length 1")
 
 
-def _quantize_weights(ops: list[Op], dtype: str) -> list[Op]:
-    """Price GEMM weights (and the GEMM itself) at a narrower format; the graph does not change."""
-    scale = QUANTIZED_DTYPES[dtype] / 2.0
+def _quantize_weights(ops: list[Op]) -> list[Op]:
+    """Price each GEMM's weights (and the GEMM itself) at its checkpoint format; the graph does not change."""
     out = []
     for op in ops:
-        if op.op_class == GEMM:
-            saved = op.weight_bytes * (1.0 - scale)
-            op = replace(op, dtype=GEMM_COMPUTE_DTYPE[dtype], weight_bytes=op.weight_bytes - saved,
+        if op.op_class == GEMM and op.weight_format in QUANTIZED_DTYPES:
+            saved = op.weight_bytes * (1.0 - QUANTIZED_DTYPES[op.weight_format] / 2.0)
+            op = replace(op, dtype=GEMM_COMPUTE_DTYPE[op.weight_format], weight_bytes=op.weight_bytes - saved,
                          bytes_read=op.bytes_read - saved)
         out.append(op)
     return out
+
+
+def checkpoint_formats_for(spec: ModelSpec, options: TraceOptions, from_config: bool) -> CheckpointFormats | None:
+    """The per-module formats a trace prices: the config's own with --dtype auto, else one format throughout."""
+    if from_config:
+        return checkpoint_formats(spec.config)
+    return uniform_formats(options.dtype) if options.dtype in QUANTIZED_DTYPES else None
 
 
 _TRACE_CACHE: OrderedDict = OrderedDict()
@@ -100,17 +107,16 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         built.layers.mode = DEDUP if built.dedup_verdict == "ok" else FULL
     else:
         _warm_up(built, options, kv_size, spec.name, built.layers.mode)
-    run = _run(built, request, options, kv_size, spec.name)
-    ops = run.ops
-    if options.dtype in QUANTIZED_DTYPES:
-        ops = _quantize_weights(ops, options.dtype)
+    formats = checkpoint_formats_for(spec, options, from_config)
+    run = _run(built, request, options, kv_size, spec.name, formats=formats)
+    ops = _quantize_weights(run.ops)
     kv_written = sum(op.bytes_written * op.count for op in ops if op.kv_cache_write)
     state_bytes = sum(op.state.state_bytes * op.count for op in ops if op.state is not None)
     result = Trace(
         model=spec.name, request=request, options=options, ops=ops, params=built.params,
         active_params=built.active_params, num_layers=built.num_layers,
         kv_bytes_per_token=kv_written / max(1, request.num_queries * run.query_length),
-        weight_bytes=built.params * DTYPE_BYTES[options.dtype], trace_seconds=time.perf_counter() - start,
+        weight_bytes=stored_weight_bytes(built, formats, build_dtype), trace_seconds=time.perf_counter() - start,
         kv_element_size=kv_size, hidden_size=_hidden_size(built.config),
         unformulated=run.unformulated, notes=_notes(built, options, from_config, run), checks=run.checks,
         state_bytes_per_sequence=state_bytes, image_tokens=run.image_tokens)
@@ -140,6 +146,36 @@ def _remember(key, result: Trace) -> None:
         _TRACE_CACHE.popitem(last=False)
 
 
+def _output_module(model) -> str | None:
+    """The path of the module producing the logits (lm_head), if the model has one."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return next((name for name, m in model.named_modules() if m is head), None) if head is not None else None
+
+
+def stored_weight_bytes(built: BuiltModel, formats: CheckpointFormats | None, unquantized: str) -> float:
+    """Every parameter at its stored format: matrices of linear layers and experts in the checkpoint's format
+    (routers by their name, as the config reads), embeddings, norms and biases unquantized."""
+    import torch
+
+    from .build import _expert_tensors
+    from .weight_formats import EXPERTS, LINEAR, LM_HEAD
+    plain = DTYPE_BYTES[unquantized]
+    if formats is None:
+        return built.params * plain
+    head = _output_module(built.model)
+    total, seen = 0.0, set()
+    for name, module in built.model.named_modules():
+        for p in module.parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            role = EXPERTS if _expert_tensors(module) else LM_HEAD if name == head else LINEAR
+            quantizable = p.dim() >= 2 and not isinstance(module, torch.nn.Embedding)
+            fmt = formats.format_of(name, role, unquantized) if quantizable else unquantized
+            total += p.numel() * DTYPE_BYTES[fmt]
+    return total
+
+
 def _hidden_size(config) -> int:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return int(getattr(text, "hidden_size", 0) or 0)
@@ -149,12 +185,17 @@ def _notes(built: BuiltModel, options: TraceOptions, from_config: bool, run: "Ru
     notes = []
     if from_config and options.dtype in QUANTIZED_DTYPES:
         notes.append(f"weights priced as {options.dtype} from the config's quantization_config (--dtype overrides)")
+    quantization = built.config.to_dict().get("quantization_config") if hasattr(built.config, "to_dict") else None
+    if from_config and options.dtype not in QUANTIZED_DTYPES and isinstance(quantization, dict):
+        notes.append(f"quantization_config (quant_method {quantization.get('quant_method')!r}) not read: weights "
+                     f"priced as {options.dtype} (--dtype sets a format)")
     if built.mla_modules:
         notes.append("MLA attention in the absorbed (serving engine) form: latent KV cache, attention in latent space"
                      if options.mla_form == "absorbed" else
                      "MLA attention as HF runs it: the latent cache is re-expanded through kv_b_proj every step")
     if options.dtype in QUANTIZED_DTYPES:
         notes.append(f"{options.dtype} weights priced on a bf16 trace: GEMM weight bytes scaled, activations bf16")
+        notes.append(formats_summary(run.ops))
     if built.dedup_verdict not in (None, "ok"):
         notes.append(f"{built.dedup_verdict}: every decoder layer is traced")
     if any(op.state is not None for op in run.ops):
@@ -214,7 +255,7 @@ def _padding_mask(model, batch: int, length: int) -> dict:
 
 
 def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_size: float, model_name: str,
-         check: bool = True) -> Run:
+         check: bool = True, formats: CheckpointFormats | None = None) -> Run:
     """Trace one forward step; with `check`, stop with a one-line error when a self-check fails."""
     import torch
 
@@ -259,8 +300,9 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     finally:
         recorder.close()
     raw_ops = recorder.finish()
-    multiplicity = {group[0]: len(group) for group in built.layer_groups}
-    ops = [op.times(multiplicity.get(op.layer, 1)) if op.layer is not None else op for op in raw_ops]
+    unquantized = options.dtype if options.dtype in TORCH_DTYPE_NAMES else "bf16"
+    ops = assign_formats(raw_ops, formats, built.layers.path, built.layer_groups, _output_module(built.model),
+                         unquantized)
     run = Run(ops=ops, unformulated=dict(recorder.unformulated), query_length=q_len, image_tokens=image_tokens,
               notes=[vision_note] if vision_note else [])
     if check:

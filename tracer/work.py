@@ -114,6 +114,9 @@ class Op:
     broadcast: bool = False    # an input is broadcast to the output shape (no vectorized fast path)
     source: int | None = None  # index of the op that produced the first activation input (GEMM merging)
     weight_operand: str | None = None  # "param" / "buffer": a GEMM operand is a weight (view or cast included)
+    weight_module: str | None = None   # GEMMs: the module holding the weight (kv_b_proj for MLA's absorbed bmm)
+    weight_role: str | None = None     # GEMMs: linear | experts | router | lm_head | mla_absorbed (weight_formats.py)
+    weight_format: str | None = None   # GEMMs: the checkpoint's format of that weight (bf16, fp8_block, mxfp4, ...)
 
     @property
     def bytes(self) -> float:

@@ -1,0 +1,134 @@
+"""Each GEMM in the format the engine runs it in.
+
+The trace records how the checkpoint stores each weight (tracer/weight_formats.py: a role and a format per op).
+Two things decide how an engine multiplies it:
+- the engine's rules per weight role (engine_formats.json, each with the engine source it follows): router
+  gates and MLA's absorbed bmm run in bf16 in vLLM and SGLang whatever the checkpoint says;
+- the device's matrix units: a format whose matrix type the device lacks (fp8 on Ampere, fp4 on Hopper) runs
+  weight-only where the engine has such a path: weights read at their stored width, dequantized inside the
+  GEMM, bf16 math (Marlin, triton matmul_ogs). It is priced with the engine's bf16 kernel model at the stored
+  weight bytes; 4-bit MoE layers use the engine's int4 weight-only MoE fit where the device has one.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from tracer.dtypes import TORCH_DTYPE_NAMES
+from tracer.work import GEMM, Op
+
+from .engines import ENGINES
+from .profile import HardwareProfile, ProfileError
+
+NATIVE, RULE, WEIGHT_ONLY = "native", "engine rule", "weight-only"
+# checkpoint format -> (GEMM kernel model, fused-MoE kernel model, matrix type it needs); None: no such kernel,
+# always weight-only (W4A16, W8A16: vLLM gptq_marlin / awq_marlin). int8 W8A8 runs the per-tensor fp8 path's kernel models, as before. mxfp4 on
+# Blackwell (FlashInfer's MXFP4 MoE) is priced with the nvfp4 models at mxfp4's bytes.
+KERNELS = {"bf16": ("bf16", "bf16", "bf16"), "fp8": ("fp8", "fp8", "fp8"), "fp8_block": ("fp8_block", "fp8_block", "fp8"),
+           "int8": ("fp8", "fp8", "int8"), "fp4": ("nvfp4", "nvfp4", "fp4"), "mxfp4": ("nvfp4", "nvfp4", "fp4"),
+           "int4": (None, "int4", None), "int8_wo": (None, None, None)}
+# bytes a stored weight element occupies, scales included where they matter (nvfp4: fp8 scale per 16; mxfp4:
+# 8-bit exponent per 32); what a weight-only kernel streams
+STORED_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8": 1.0, "fp4": 0.5625, "mxfp4": 0.53125, "int4": 0.5,
+                "int8_wo": 1.0}
+ROLE_LABELS = {"linear": "linear", "experts": "MoE experts", "router": "router gates", "lm_head": "lm_head",
+               "mla_absorbed": "MLA absorbed bmm"}
+
+
+@dataclass(frozen=True)
+class RunFormat:
+    """How one GEMM runs: the kernel model that prices it and the weight bytes it streams."""
+    kernel: str            # engine kernel model: bf16 | fp8 | fp8_block | nvfp4 | int4 (MoE)
+    weight_bytes: float    # per weight element read from HBM
+    checkpoint: str        # the checkpoint's format of the weight
+    how: str = NATIVE      # native | engine rule | weight-only
+    source: str = ""       # the engine source a rule or a weight-only path follows
+
+
+@lru_cache(maxsize=1)
+def engine_rules() -> dict:
+    return json.loads((resources.files("cost") / "engine_formats.json").read_text())
+
+
+def _stored(fmt: str) -> str:
+    return "bf16" if fmt in TORCH_DTYPE_NAMES else fmt
+
+
+def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe: bool,
+               moe_models: tuple[str, ...] = ()) -> RunFormat:
+    """`moe_models`: the engine's fused-MoE kernel models on this device (a 4-bit weight-only MoE layer takes the
+    int4 fit when there is one)."""
+    fmt = _stored(checkpoint)
+    if fmt not in KERNELS:
+        raise ProfileError(f"no engine kernel model for weight format '{checkpoint}' (known: {', '.join(KERNELS)})")
+    rules = engine_rules().get(engine, {})
+    rule = rules.get("roles", {}).get(role)
+    if rule is not None and rule["runs"] == "bf16" and fmt != "bf16":
+        return RunFormat("bf16", 2.0, fmt, RULE, rule["source"])
+    gemm_kernel, moe_kernel, matrix = KERNELS[fmt]
+    kernel = moe_kernel if moe else gemm_kernel
+    if kernel is not None and matrix in hw.matrix_tflops:
+        return RunFormat(kernel, STORED_BYTES[fmt] if fmt == "mxfp4" else _kernel_bytes(kernel), fmt)
+    path = rules.get("weight_only", {}).get(fmt)
+    if matrix is not None and path is None:
+        has = [ENGINES[e].label for e in ENGINES if fmt in engine_rules().get(e, {}).get("weight_only", {})]
+        raise ProfileError(f"{ENGINES[engine].label} has no weight-only path for {fmt} weights on {hw.name}, which "
+                           f"has no {matrix} matrix units" + (f" ({', '.join(has)} dequantize them in the GEMM)"
+                                                              if has else ""))
+    weight_bytes = STORED_BYTES[fmt]
+    if moe and weight_bytes <= 0.6 and "int4" in moe_models:
+        return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, path["source"] if path else "")
+    return RunFormat("bf16", weight_bytes, fmt, WEIGHT_ONLY, path["source"] if path else "")
+
+
+def _kernel_bytes(kernel: str) -> float:
+    from .kernel_rows import WEIGHT_FORMATS
+    return WEIGHT_FORMATS[kernel][0]
+
+
+def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
+              moe_models: tuple[str, ...] = ()) -> RunFormat:
+    """A GEMM kernel's format. A GEMM of two activations or of a buffer (attention scores, a rotary table) has
+    no weight to quantize: bf16. A weight GEMM without a recorded format (an op built by hand) takes `default`."""
+    reads_weights = op is not None and (op.experts is not None or op.weight_operand == "param"
+                                        or (op.weight_operand is None and op.weight_bytes > 0))
+    if not reads_weights:
+        return RunFormat("bf16", 2.0, "bf16")
+    checkpoint = op.weight_format or default
+    return run_format(checkpoint, op.weight_role or ("experts" if op.experts is not None else "linear"), engine, hw,
+                      moe=op.experts is not None, moe_models=moe_models)
+
+
+def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwareProfile) -> list[str]:
+    """One note naming the per-op formats, one per weight-only format (what it streams, what it computes in);
+    each starts with "formats" (`is_formats_note`)."""
+    table: dict[tuple, int] = {}
+    weight_only: dict[str, RunFormat] = {}
+    for k, f in zip(kernels, formats):
+        if f is None or k.op_class != GEMM or k.op is None or k.op.weight_role is None:
+            continue
+        key = (k.op.weight_role, f.kernel if f.how != WEIGHT_ONLY else f"{f.checkpoint} weight-only", f.how)
+        table[key] = table.get(key, 0) + k.count
+        if f.how == WEIGHT_ONLY:
+            weight_only[f.checkpoint] = f
+    if not table:
+        return []
+    label = ENGINES[engine].label
+    parts = [f"{ROLE_LABELS.get(role, role)} {kernel} x{n}" + (f" ({label} rule)" if how == RULE else "")
+             for (role, kernel, how), n in table.items()]
+    notes = [f"formats ({label} on {hw.name}, kernels per step): " + ", ".join(parts)]
+    for fmt, f in weight_only.items():
+        lacks = f", which has no {KERNELS[fmt][2]} matrix units" if KERNELS[fmt][2] else ""
+        width = f"{f.weight_bytes:g} byte" + ("" if f.weight_bytes == 1 else "s")
+        notes.append(f"formats: {fmt} weights run weight-only on {hw.name}{lacks}: read at {width} a weight, "
+                     f"dequantized in the GEMM, bf16 math; priced with "
+                     f"{label}'s bf16 kernel models" + (" (int4 weight-only MoE fit for the experts)"
+                                                         if any(g.kernel == "int4" for g in formats if g) else "")
+                     + (f"; {f.source.split(':')[0]}" if f.source else ""))
+    return notes
+
+
+def is_formats_note(note: str) -> bool:
+    return note.startswith("formats")
