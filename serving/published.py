@@ -22,7 +22,7 @@ from pathlib import Path
 from cost.engines import ENGINES, ServingOverheads, engine_releases, release_key
 from cost.estimate import Parallelism
 from cost.profile import load_profile
-from tracer.model_source import resolve_model
+from tracer.model_source import bundled_models, resolve_model
 from tracer.work import TraceOptions
 
 from .engine_flags import stated_settings
@@ -46,8 +46,11 @@ DEVICES = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": 
            "MI300X-192GB": "mi300x", "RTX-4090-24GB": "rtx4090"}
 ENGINE_NAMES = {"tensorrt-llm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
 # what the rows' precision text names -> tracecost weight formats (the first word decides, the note refines)
-PRECISIONS = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4", "mxfp4": "int4", "int4": "int4",
+PRECISIONS = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4", "mxfp4": "mxfp4", "int4": "int4",
               "int8": "int8"}
+# weight formats of published checkpoint families whose configs tracecost does not bundle: Qwen's FP8 releases
+# are fine-grained fp8 with 128x128 blocks (their model cards; quantization_config weight_block_size [128, 128])
+CHECKPOINT_FORMATS = ((re.compile(r"^Qwen/Qwen3-.*-FP8$"), "fp8_block"),)
 # KV-cache formats a checkpoint declares (used where a row leaves the KV dtype unstated): NVIDIA's ModelOpt
 # checkpoints (nvidia/*-FP8, nvidia/*-FP4) carry hf_quant_config.json with kv_cache_quant_algo FP8, and
 # TensorRT-LLM's PyTorch backend and vLLM run the KV cache in the format the checkpoint declares
@@ -95,13 +98,30 @@ def _release(engine: str, version: str | None) -> str | None:
     return f"{int(m.group(1))}.{int(m.group(2))}" if m else None
 
 
-def _dtype(precision: str) -> str | None:
+def _dtype(precision: str, model: str | None = None, checkpoint: str | None = None) -> str | None:
+    """The weight format tracecost traces a row with: the published checkpoint's own (its bundled config's
+    quantization_config, or its family's known format), else the format the precision text names."""
     text = precision.lower()
     first = re.match(r"[a-z0-9]+", text)
     dtype = PRECISIONS.get(first.group(0)) if first else None
+    if dtype is None:
+        return None
+    if ("native" in text or "pre-quantized" in text or "checkpoint" in text) and model in bundled_models() \
+            and _declares_quantization(model):
+        return "auto"
+    known = next((fmt for pattern, fmt in CHECKPOINT_FORMATS if checkpoint and pattern.match(checkpoint)), None)
+    if known:
+        return known
     if dtype == "fp8" and "block" in text:
         return "fp8_block"
+    if dtype == "int8" and ("w8a16" in text or "gptq" in text):
+        return "int8_wo"
     return dtype
+
+
+def _declares_quantization(model: str) -> bool:
+    config = resolve_model(model).config
+    return bool(config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config"))
 
 
 _MLPERF_LIMITS = {  # scenario p99 limits (ms) by benchmark, from MLPerf Inference's rules
@@ -126,7 +146,7 @@ def _skip_reason(r: dict, model, device, engine) -> str | None:
         return "speculative decoding is not modelled"
     if (r.get("pp") or 1) != 1 or r.get("disaggregated") or r.get("attention_dp"):
         return "layout not priced (pipeline, disaggregated or attention-DP)"
-    if _dtype(r.get("precision") or "") is None:
+    if _dtype(r.get("precision") or "", model, r.get("checkpoint")) is None:
         return f"weight format '{r.get('precision')}' is not modelled"
     if not r.get("isl") or not r.get("osl"):
         return "lengths not stated"
@@ -174,7 +194,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     scenario = r["id"].rsplit("-", 1)[-1]
     run = PublishedRun(
         r["id"], r["source_kind"], model, device, engine, _release(engine, r.get("engine_version")),
-        _dtype(r["precision"]), r.get("kv_cache_dtype") or flags.kv_cache_dtype or _checkpoint_kv(r.get("checkpoint")), tp,
+        _dtype(r["precision"], model, r.get("checkpoint")), r.get("kv_cache_dtype") or flags.kv_cache_dtype or _checkpoint_kv(r.get("checkpoint")), tp,
         max(1, round(r["isl"])), max(1, round(r["osl"])), _load(r, replicas), flags.memory_fraction, measured,
         "trtllm-bench" in (r.get("engine_flags") or "") or "trtllm-bench" in (r.get("engine") or ""), ep, replicas,
         flags.max_num_seqs, flags.max_batched_tokens, flags.chunked_prefill, r.get("mode", ""), percentiles,
