@@ -189,6 +189,8 @@ class Searcher:
         elif not state.stable:
             why.append(state.note)
         notes = [f"step overheads: {cost.overhead_origin}", self.w.describe()]
+        if state.stable and state.note:
+            notes.append(state.note)
         if self.w.lengths is not None:
             notes.append("lengths: steps are priced at the mean lengths; prompt classes set TTFT, the running mix "
                          "sets KV admission, the output spread sets TPOT percentiles")

@@ -442,7 +442,7 @@ def _walked(walk, steady: SteadyState, overhead_s: float, requests: list[tuple[i
     o = sum(out for _, out in requests) / len(requests)
     tokens_in = sum(p for p, _ in requests) / len(requests) + cached_tokens
     rate = len(waits) / makespan
-    return SteadyState(True, rate, steady.running, steady.step_s, q, tpot_mean,
+    return SteadyState(True, rate, min(steady.running, len(requests)), steady.step_s, q, tpot_mean,
                        {k: v + (o - 1) * tpot_mean for k, v in q.items()}, rate * o,
                        rate * (tokens_in + o), limited, note, tpot, 0.0, steady.lengths)
 
