@@ -35,6 +35,7 @@ class BatchLaw:
     queued: float                              # P(all K slots taken) an arrival sees
     wait_rate: float                           # 1/s: a queued request's wait is exponential at this rate
     stable: bool
+    grid: tuple[int, ...] = ()                 # the running counts the step was priced at
 
     @property
     def mean_running(self) -> float:
@@ -57,7 +58,7 @@ def batch_law(rate: float, slots: int, residence_steps: float, step_at, z: float
     `cells` cells of the running count."""
     z = max(MIN_PEAKEDNESS, z)
     units = max(1, int(slots / z))           # the cap in units of z requests
-    grid = sorted({slots, 1} | {max(1, round(slots * (k / 24) ** 2)) for k in range(1, 25)})
+    grid = sorted({slots, 1} | {max(1, round(slots * (k / 16) ** 2)) for k in range(1, 17)})
     step_grid = np.array([step_at(m) for m in grid])
     m = np.minimum(np.arange(1, units + 1) * z, slots)
     steps = np.interp(m, grid, step_grid)
@@ -72,14 +73,14 @@ def batch_law(rate: float, slots: int, residence_steps: float, step_at, z: float
     tail = pi[-1] * rho / (1 - rho) if stable else math.inf
     total = pi.sum() + tail
     if not stable or not math.isfinite(total):
-        return BatchLaw(((1.0, float(slots)),), 1.0, 0.0, False)
+        return BatchLaw(((1.0, float(slots)),), 1.0, 0.0, False, tuple(grid))
     pi /= total
     running = np.concatenate([[0.0], m])
     shares = pi.copy()
     shares[-1] += tail / total               # every state with a queue runs the full batch
     queued = float(pi[-1] / (1 - rho))
     points = _cells(shares, running, cells)
-    return BatchLaw(points, min(1.0, queued), float(full - arrivals), True)
+    return BatchLaw(points, min(1.0, queued), float(full - arrivals), True, tuple(grid))
 
 
 def _cells(shares: np.ndarray, running: np.ndarray, cells: int) -> tuple[tuple[float, float], ...]:

@@ -148,9 +148,13 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     chunk = min(prompt, budget) if limits.chunked_prefill else prompt
     chunk_context = cached_tokens + (prompt - chunk) / 2
     engine_step = step
+    priced: dict = {}
 
     def step(n: float, p: float) -> float:
-        return engine_step(n, p, chunk, chunk_context, ctx_decode)
+        t = priced.get((n, p))
+        if t is None:
+            t = priced[(n, p)] = engine_step(n, p, chunk, chunk_context, ctx_decode)
+        return t
 
     lumpy = not (load.kind == RATE and load.arrival == "constant")
     # squared coefficient of variation of the arrivals: Poisson 1; every k-th of a Poisson stream (round robin
@@ -228,15 +232,28 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
     def moments_at(rate: float, running: float) -> tuple[float, float]:
         """Mean and mean square of a step with `running` requests in their slots at `rate` (the prefill tokens
-        a step carries keep up with the arrivals: p = R I' s)."""
+        a step carries keep up with the arrivals: p = R I' s, solved for s by the secant method: the mean step
+        is nearly linear in its prefill tokens)."""
+        key = (rate, running)
+        if key in at_rate:
+            return at_rate[key]
         decoding = max(1.0, running * (o - 1) / residence_steps(running))
-        s = step(decoding, min(prompt, budget))
-        for _ in range(30):
-            s_new = mean_step(decoding, min(rate * prompt * s, 2.0 * budget))
-            if abs(s_new - s) <= 1e-5 * s:
+
+        def gap(s: float) -> float:
+            return mean_step(decoding, min(rate * prompt * s, 2.0 * budget)) - s
+
+        a = step(decoding, 0.0)
+        b = mean_step(decoding, min(rate * prompt * a, 2.0 * budget))
+        ga, gb = gap(a), gap(b)
+        for _ in range(12):
+            if abs(gb) <= 1e-6 * b or gb == ga:
                 break
-            s = 0.5 * (s + s_new)
-        return step_moments(decoding, min(rate * prompt * s, 2.0 * budget))
+            a, b = b, max(a * 1e-3, b - gb * (b - a) / (gb - ga))
+            ga, gb = gb, gap(b)
+        at_rate[key] = step_moments(decoding, min(rate * prompt * b, 2.0 * budget))
+        return at_rate[key]
+
+    at_rate: dict = {}
 
     def full_batch_rate(rate: float) -> float:
         """Requests/s the engine completes with every slot taken (the open-loop queue's service rate)."""
@@ -257,13 +274,12 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         law = batch_law(rate, admit, residence_steps(admit), lambda m: moments_at(rate, m)[0], z)
         if not law.stable:
             return batch(rate, True)
-        grid = sorted({1, admit} | {max(1, round(admit * (k / 12) ** 2)) for k in range(1, 13)})
+        grid = law.grid
         table = [moments_at(rate, m) for m in grid]
         cells = []
         for w, m in law.points:
-            k = min(range(len(grid)), key=lambda j: abs(grid[j] - m))
-            lo = max(0, k - 1) if grid[k] > m else k
-            hi = min(len(grid) - 1, lo + 1)
+            hi = next((j for j, g in enumerate(grid) if g >= m), len(grid) - 1)
+            lo = max(0, hi - 1)
             f = 0.0 if grid[hi] == grid[lo] else min(1.0, max(0.0, (m - grid[lo]) / (grid[hi] - grid[lo])))
             mean = table[lo][0] + f * (table[hi][0] - table[lo][0])
             square = table[lo][1] + f * (table[hi][1] - table[lo][1])
