@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache

@@ -81,30 +81,6 @@ class SteadyState:
     lengths: str = ""            # which lengths the answer used
 
 
-def _poisson_quantile(mean: float, q: float) -> int:
-    """Smallest k with P(K <= k) >= q for K ~ Poisson(mean)."""
-    if mean <= 0:
-        return 0
-    term = cdf = math.exp(-mean) if mean < 700 else 0.0
-    if term == 0.0:       # a large mean: normal approximation
-        return max(0, round(mean + {0.5: 0.0, 0.9: 1.2816, 0.99: 2.3263}.get(q, 0.0) * math.sqrt(mean)))
-    k = 0
-    while cdf < q and k < 10000:
-        k += 1
-        term *= mean / k
-        cdf += term
-    return k
-
-
-def _waiting_quantiles(mean: float, busy: float) -> dict:
-    """Quantiles of an M/D/1-like wait: zero with probability 1 - busy, else about exponential."""
-    out = {"mean": mean}
-    for q in (50, 90, 99):
-        tail = 1 - q / 100
-        out[f"p{q}"] = 0.0 if busy <= tail or mean <= 0 else mean / busy * math.log(busy / tail)
-    return out
-
-
 def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
              shared_prefix_kv: bool = False, kv_per_request: float | None = None) -> int:
     """Requests an engine runs at once: max_num_seqs, or as many whole requests (input + output KV, and any
