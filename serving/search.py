@@ -326,7 +326,9 @@ class Searcher:
                          limits_d.max_num_seqs, limits_p.max_batched_tokens,
                          mem_d.kv_tokens, "balanced pools", not why, why,
                          [f"KV transfer {transfer_s * 1e3:.2f} ms per request over {self.hw.interconnect_name}",
-                          "decode instances ignore the prefix cache; prefill instances use it"],
+                          "decode instances ignore the prefix cache; prefill instances use it",
+                          self.w.describe() + (" (disaggregated pools priced at its mean lengths)"
+                                               if self.w.lengths is not None else "")],
                          replace(prefill, dp=p), p, d)
 
 

@@ -209,7 +209,7 @@ def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, s
                            c.tpot_ms, c.meets_limits, rate)
     rate = shapes.prefix_cache_hit_rate if shapes.prefix_cache_hit_rate > 0 else None
     points = [point(c, rate) for c in candidates if c.tpot_ms > 0]
-    if load.kind != MAX:
+    if load.kind != MAX or load.requests:     # a given load (a finite burst too): no lower loads to sweep
         return points
     mixed = [c for c in candidates if c.mode == MIXED and c.meets_limits]
     for c in mixed:
