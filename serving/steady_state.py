@@ -106,8 +106,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         prompts = [(w, max(1, i - cached_tokens)) for w, i in lengths.classes("input", 16)]
         outputs = lengths.classes("output", 16)
         ctx_decode = lengths.residence_mean(lambda i, out: i + out / 2)
-        admit = admitted(limits, 0, 0, cached_tokens, shared_prefix_kv,
-                         lengths.residence_mean(lambda i, out: i + out))
+        whole = lengths.residence_mean(lambda i, out: i + out)
+        admit = admitted(limits, 0, 0, cached_tokens, shared_prefix_kv, whole)
         mean_out = lengths.mean_output
         residence_variation = sum(w * (x - mean_out) ** 2 for w, x in outputs) / mean_out ** 2
         described = lengths.describe()
@@ -115,6 +115,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         o = max(1, output_tokens)
         prompts, outputs = [(1.0, max(1, input_tokens - cached_tokens))], [(1.0, o)]
         ctx_decode = input_tokens + o // 2
+        whole = input_tokens + o
         admit = admitted(limits, input_tokens, o, cached_tokens, shared_prefix_kv)
         residence_variation = 0.0
         described = fixed_lengths(input_tokens, o)
@@ -365,6 +366,13 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         walk = _walk(step, arrivals, requests, admit, budget, limits.chunked_prefill)
         return _walked(walk, steady, request_overhead_s, requests, cached_tokens, limited, note)
 
+    shared = cached_tokens if shared_prefix_kv else 0
+    if limits.attention_kv and limits.kv_tokens - shared < whole - shared + limits.state_tokens:
+        # not one request fits (the weights leave too little memory): no load is served
+        none = result(1e-9, False, "kv_cache", note=f"the KV cache ({limits.kv_tokens} tokens) cannot hold one "
+                                                      f"request ({whole:.0f} tokens)", deterministic=True)
+        none.request_rate = none.output_tokens_per_s = none.total_tokens_per_s = 0.0
+        return none
     if load.kind == RATE:
         ok, limited, _ = feasible(load.value)
         if ok:
