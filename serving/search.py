@@ -21,7 +21,7 @@ from tracer.model_source import ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
-from .capacity import ReplicaMemory
+from .capacity import OUTPUT_KV_SHARE, ReplicaMemory
 from .layouts import Layout
 from .lengths import LengthDistribution, fixed_lengths
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, admitted, solve
@@ -159,7 +159,8 @@ class Searcher:
         # pipeline stages run pp micro-batches in flight: pp virtual engines, each with its share of the cache
         pp = layout.pp
         return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill,
-                      mem.state_tokens_per_sequence, mem.attention_kv), mem
+                      mem.state_tokens_per_sequence, mem.attention_kv,
+                      OUTPUT_KV_SHARE.get(self.settings.engine, 1.0)), mem
 
     def replica_state(self, layout: Layout, load: Load) -> tuple[SteadyState, Limits, ReplicaMemory]:
         """The steady state of one virtual engine (a replica, or one pipeline micro-batch stream of it)."""

@@ -61,6 +61,8 @@ class Limits:
     chunked_prefill: bool = True
     state_tokens: int = 0        # a request's recurrent state (hybrid / SSM models), in KV-token units
     attention_kv: bool = True    # False: a request's memory is its state only (no KV cache grows)
+    output_kv_share: float = 1.0   # share of its output's KV a running request holds on average, as the engine
+                                   # admits (serving/capacity.py OUTPUT_KV_SHARE: vLLM 0.5, TensorRT-LLM 1)
 
 
 @dataclass
@@ -83,11 +85,11 @@ class SteadyState:
 
 def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
              shared_prefix_kv: bool = False, kv_per_request: float | None = None) -> int:
-    """Requests an engine runs at once: max_num_seqs, or as many whole requests (input + output KV, and any
-    recurrent state) as its cache holds; a shared prefix counts once. `kv_per_request`: a mix's mean input +
-    output over the running requests (serving/lengths.py residence_mean), instead of input + output."""
+    """Requests an engine runs at once: max_num_seqs, or as many requests (input + the engine's share of the
+    output KV, and any recurrent state) as its cache holds; a shared prefix counts once. `kv_per_request`: a
+    mix's mean over the running requests (serving/lengths.py residence_mean) instead."""
     shared = cached_tokens if shared_prefix_kv else 0
-    whole = input_tokens + output_tokens if kv_per_request is None else kv_per_request
+    whole = input_tokens + limits.output_kv_share * output_tokens if kv_per_request is None else kv_per_request
     kv = (whole - shared if limits.attention_kv else 0) + limits.state_tokens
     return max(1, min(limits.max_num_seqs, int(max(0, limits.kv_tokens - shared) // max(1, kv))))
 
@@ -107,7 +109,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         outputs = lengths.classes("output", 16)
         ctx_decode = lengths.residence_mean(lambda i, out: i + out / 2)
         whole = lengths.residence_mean(lambda i, out: i + out)
-        admit = admitted(limits, 0, 0, cached_tokens, shared_prefix_kv, whole)
+        admit = admitted(limits, 0, 0, cached_tokens, shared_prefix_kv,
+                         lengths.residence_mean(lambda i, out: i + limits.output_kv_share * out))
         mean_out = lengths.mean_output
         residence_variation = sum(w * (x - mean_out) ** 2 for w, x in outputs) / mean_out ** 2
         described = lengths.describe()
