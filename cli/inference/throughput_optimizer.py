@@ -306,6 +306,12 @@ def render(r: dict) -> str:
                 f"TTFT {stat} {b['ttft_ms'][stat]:.1f} ms, TPOT {stat} "
                 f"{(b.get('tpot_stats_ms') or {}).get(stat, b['tpot_ms']):.2f} ms, "
                 f"{b['batch_size']:.0f} running")
+        pct = b.get("tpot_stats_ms") or {}
+        if pct:
+            tail += ("\n      TTFT p50 / p90 / p99 " + " / ".join(f"{b['ttft_ms'][k]:.1f}" for k in ("p50", "p90", "p99"))
+                     + " ms, TPOT p50 / p90 / p99 " + " / ".join(f"{pct[k]:.2f}" for k in ("p50", "p90", "p99"))
+                     + " ms" + (f", {b['queue_ms']:.1f} ms mean wait for a slot" if b.get("queue_ms", 0) >= 0.05
+                                else ""))
     else:
         tail = f"no feasible layout: {r['why_no_feasible_layout']}"
     notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
