@@ -105,3 +105,15 @@ def test_clis_take_a_lengths_file_and_a_burst(tmp_path, capsys):
     assert sim["num_requests"] == 3 and sim["lengths"].startswith("lengths: ")
     assert sim_main(["llama-3.2-1b", "--device", "h100", "--lengths-file", str(tmp_path / "none.csv")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_engines_admit_by_the_output_share_they_hold_and_a_full_cache_serves_nothing():
+    from serving.capacity import OUTPUT_KV_SHARE
+    from serving.steady_state import admitted
+    grows = Limits(1024, 2048, 100_000, output_kv_share=OUTPUT_KV_SHARE["vllm"])
+    reserves = Limits(1024, 2048, 100_000, output_kv_share=OUTPUT_KV_SHARE["trtllm"])
+    assert admitted(grows, 1000, 1000) == 66 and admitted(reserves, 1000, 1000) == 50
+    tiny = solve(fake_step, 1000, 1000, 0, Load(RATE, 1.0), Limits(1024, 2048, 1500))
+    assert tiny.request_rate == 0 and not tiny.stable and "cannot hold one request" in tiny.note
+    d = read_lengths("mlperf-llama2-70b").scaled(291)
+    assert d.mean_output == pytest.approx(291, rel=0.01) and d.longest("output") > 1016
