@@ -4,8 +4,9 @@
 
 For each case the optimizer's answer (serving/search.py best_rate) is bisected in the simulator
 (serving/verify.py simulated_best_rate: converged open-loop Poisson runs of the same layout, engine limits, KV
-capacity and lengths). Cases: fixed lengths near compute saturation, and the MLPerf Llama-2-70B and Mixtral
-length mixes (serving/data/length_sets.json) with a small and the default max_num_seqs.
+capacity and lengths). Cases: fixed lengths near compute saturation, at a small max_num_seqs and with a small KV
+cache (vLLM's blocks allocated as tokens come), and the MLPerf Llama-2-70B and Mixtral length mixes
+(serving/data/length_sets.json) with a small and the default max_num_seqs.
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ from serving.verify import simulated_best_rate  # noqa: E402
 from tracer import TraceOptions, resolve_model  # noqa: E402
 from tracer.table import format_table  # noqa: E402
 
-CASES = [  # (label, lengths: "I/O" or a bundled set, max_num_seqs or None, TTFT p99 ms, TPOT p99 ms)
-    ("fixed 1000/128", "1000/128", None, 100, 15),
-    ("fixed 1000/128, 64 slots", "1000/128", 64, 300, 15),
-    ("mlperf-llama2-70b, 64 slots", "mlperf-llama2-70b", 64, 100, 15),
-    ("mlperf-llama2-70b", "mlperf-llama2-70b", None, 100, 15),
-    ("mlperf-mixtral-8x7b, 128 slots", "mlperf-mixtral-8x7b", 128, 200, 15),
+CASES = [  # (label, lengths: "I/O" or a bundled set, max_num_seqs, memory fraction, TTFT p99 ms, TPOT p99 ms)
+    ("fixed 1000/128", "1000/128", None, None, 100, 15),
+    ("fixed 1000/128, 64 slots", "1000/128", 64, None, 300, 15),
+    ("fixed 200/800, KV-bound (6% of memory)", "200/800", None, 0.06, 1000, 30),
+    ("mlperf-llama2-70b, 64 slots", "mlperf-llama2-70b", 64, None, 100, 15),
+    ("mlperf-llama2-70b", "mlperf-llama2-70b", None, None, 100, 15),
+    ("mlperf-mixtral-8x7b, 128 slots", "mlperf-mixtral-8x7b", 128, None, 200, 15),
 ]
 
 
@@ -42,14 +44,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     spec, hw = resolve_model(args.model), load_profile(args.device)
     rows, out = [], []
-    for label, lengths, seqs, ttft, tpot in CASES:
+    for label, lengths, seqs, fraction, ttft, tpot in CASES:
         if "/" in lengths:
             i, o = (int(x) for x in lengths.split("/"))
             w = Workload(i, o)
         else:
             d = read_lengths(lengths)
             w = Workload(round(d.mean_input), round(d.mean_output), lengths=d)
-        s = Searcher(spec, hw, TraceOptions(), w, EngineSettings(max_num_seqs=seqs), LatencyLimits(ttft, tpot, "p99"))
+        s = Searcher(spec, hw, TraceOptions(), w, EngineSettings(max_num_seqs=seqs, memory_fraction=fraction),
+                     LatencyLimits(ttft, tpot, "p99"))
         t = time.time()
         best = s.best_rate(Layout(1))
         rate, sim = simulated_best_rate(s, Layout(1), best.request_rate)
