@@ -17,6 +17,15 @@ from tracer.work import Trace
 
 GB = 1e9
 
+# The share of a running request's output KV its engine holds for it, on average, when deciding what to admit.
+# vLLM allocates blocks for the tokens it schedules each step and preempts when they run out
+# (vllm/v1/core/sched/scheduler.py, KVCacheManager.allocate_slots): a request holds its input and the output
+# so far, half of it over its life. SGLang reserves max_new_tokens x new_token_ratio for running requests
+# (python/sglang/srt/managers/schedule_policy.py PrefillAdder; SGLANG_INIT_NEW_TOKEN_RATIO 0.7). TensorRT-LLM's
+# default capacity scheduler, GUARANTEED_NO_EVICT, admits a request only with its whole output's blocks
+# (tensorrt_llm/llmapi/llm_args.py CapacitySchedulerPolicy).
+OUTPUT_KV_SHARE = {"vllm": 0.5, "sglang": 0.7, "trtllm": 1.0}
+
 
 @dataclass(frozen=True)
 class ReplicaMemory:

@@ -21,8 +21,9 @@ from tracer.model_source import ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
-from .capacity import ReplicaMemory
+from .capacity import OUTPUT_KV_SHARE, ReplicaMemory
 from .layouts import Layout
+from .lengths import LengthDistribution, fixed_lengths
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, admitted, solve
 from .step_cost import StepCost
 
@@ -36,20 +37,28 @@ class Workload:
     output_tokens: int
     cached_tokens: int = 0        # prefix-cache hits per request (the RFC's cached_prefix_tokens)
     shared_prefix_kv: bool = False   # the hits are one shared prefix, stored once in the KV cache
+    lengths: LengthDistribution | None = None   # per-request lengths (input/output_tokens are then its means)
+
+    def describe(self) -> str:
+        return self.lengths.describe() if self.lengths is not None else \
+            fixed_lengths(self.input_tokens, self.output_tokens)
 
 
 @dataclass(frozen=True)
 class LatencyLimits:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
-    stat: str = "mean"            # which TTFT statistic the limit applies to
+    stat: str = "mean"            # which TTFT and TPOT statistic the limits apply to
 
-    def why_not(self, ttft_ms: dict, tpot_ms: float) -> list[str]:
+    def why_not(self, ttft_ms: dict, tpot_ms: float, tpot_stats_ms: dict | None = None) -> list[str]:
+        """`tpot_stats_ms`: a request's TPOT percentiles (mean, p50, p90, p99); without them the limit applies
+        to `tpot_ms` whatever the statistic (a decode pool's steady batch)."""
         out = []
         if self.ttft_ms is not None and ttft_ms[self.stat] > self.ttft_ms:
             out.append(f"TTFT {self.stat} {ttft_ms[self.stat]:.1f} ms > {self.ttft_ms:g} ms")
-        if self.tpot_ms is not None and tpot_ms > self.tpot_ms:
-            out.append(f"TPOT {tpot_ms:.2f} ms > {self.tpot_ms:g} ms")
+        tpot, stat = (tpot_stats_ms[self.stat], f" {self.stat}") if tpot_stats_ms else (tpot_ms, "")
+        if self.tpot_ms is not None and tpot > self.tpot_ms:
+            out.append(f"TPOT{stat} {tpot:.2f} ms > {self.tpot_ms:g} ms")
         return out
 
 
@@ -88,6 +97,8 @@ class Candidate:
     prefill_instances: int = 0
     decode_instances: int = 0
     verified: dict | None = None       # the simulator's numbers for the same setup (--verify)
+    tpot_stats_ms: dict = field(default_factory=dict)   # a request's TPOT: mean, p50, p90, p99
+    queue_ms: float = 0.0              # mean wait for a slot in the running batch
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -105,7 +116,8 @@ class Candidate:
                "tokens_per_s_per_user": self.tokens_per_s_per_user, "gpus": self.gpus,
                "max_num_seqs": self.max_num_seqs, "max_batched_tokens": self.max_batched_tokens,
                "kv_tokens_per_replica": self.kv_tokens, "limited_by": self.limited_by,
-               "meets_limits": self.meets_limits, "why_not": self.why_not, "notes": self.notes}
+               "meets_limits": self.meets_limits, "why_not": self.why_not, "notes": self.notes,
+               "tpot_stats_ms": self.tpot_stats_ms, "queue_ms": self.queue_ms}
         if self.memory is not None:
             m = self.memory
             out["memory_gb_per_gpu"] = {"weights": m.weights / 1e9, "activations": m.activations / 1e9,
@@ -148,38 +160,50 @@ class Searcher:
         # pipeline stages run pp micro-batches in flight: pp virtual engines, each with its share of the cache
         pp = layout.pp
         return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill,
-                      mem.state_tokens_per_sequence, mem.attention_kv), mem
+                      mem.state_tokens_per_sequence, mem.attention_kv,
+                      OUTPUT_KV_SHARE.get(self.settings.engine, 1.0)), mem
 
     def replica_state(self, layout: Layout, load: Load) -> tuple[SteadyState, Limits, ReplicaMemory]:
         """The steady state of one virtual engine (a replica, or one pipeline micro-batch stream of it)."""
         limits, mem = self.engine_limits(layout)
         cost = self.cost(layout)
         engines = layout.dp * layout.pp
-        per_engine = load if load.kind == MAX else replace(load, value=load.value / engines, spread=engines,
-                                                           requests=math.ceil(load.requests / engines))
+        if load.kind == MAX:    # a finite burst is dealt round robin over the engines
+            per_engine = replace(load, requests=math.ceil(load.requests / engines))
+        else:
+            per_engine = replace(load, value=load.value / engines, spread=engines,
+                                 requests=math.ceil(load.requests / engines))
         state = solve(cost.steady, self.w.input_tokens, self.w.output_tokens, self.w.cached_tokens, per_engine,
-                      limits, cost.overheads.request_ms * 1e-3, self.w.shared_prefix_kv)
+                      limits, cost.overheads.request_ms * 1e-3, self.w.shared_prefix_kv, self.w.lengths)
         return state, limits, mem
 
     def mixed(self, layout: Layout, load: Load) -> Candidate:
         cost = self.cost(layout)
         state, limits, mem = self.replica_state(layout, load)
         engines = layout.dp * layout.pp
-        ttft, tpot = _ms(state.ttft_s), state.tpot_s * 1e3
-        why = self.limits.why_not(ttft, tpot)
-        if mem.kv_tokens < self.w.input_tokens + self.w.output_tokens:
+        ttft, tpot, tpot_stats = _ms(state.ttft_s), state.tpot_s * 1e3, _ms(state.tpot_q_s)
+        why = self.limits.why_not(ttft, tpot, tpot_stats)
+        longest = self.w.lengths.longest("input") + self.w.lengths.longest("output") if self.w.lengths else \
+            self.w.input_tokens + self.w.output_tokens
+        if mem.kv_tokens < longest:
             why = [f"memory: {mem.kv_tokens} KV tokens per replica cannot hold one request "
                    f"({mem.weights / 1e9:.1f} GB of weights per GPU)"]
         elif not state.stable:
             why.append(state.note)
-        notes = [f"step overheads: {cost.overhead_origin}"] + cost.formats_notes()
+        notes = [f"step overheads: {cost.overhead_origin}", self.w.describe()] + cost.formats_notes()
+        if state.stable and state.note:
+            notes.append(state.note)
+        if self.w.lengths is not None:
+            notes.append("lengths: steps are priced at the mean lengths; prompt classes set TTFT, the running mix "
+                         "sets KV admission, the output spread sets TPOT percentiles")
         if layout.pp > 1:
             notes.append(f"pipeline: {layout.pp} micro-batches in flight, stages of ceil(layers / {layout.pp}) "
                          f"layers (x{cost.stage_factor:.3f} for imbalance)")
         return Candidate(MIXED, layout, state.request_rate * engines, state.running * layout.pp, ttft, tpot,
                          _ms(state.e2e_s), state.output_tokens_per_s * engines, state.total_tokens_per_s * engines,
                          layout.gpus, mem, limits.max_num_seqs * layout.pp, limits.max_batched_tokens,
-                         mem.kv_tokens, state.limited_by, not why, why, notes)
+                         mem.kv_tokens, state.limited_by, not why, why, notes,
+                         tpot_stats_ms=tpot_stats, queue_ms=state.queue_s * 1e3)
 
     def best_rate(self, layout: Layout) -> Candidate:
         """The highest request rate this layout serves within the limits (the saturation rate without limits)."""
@@ -304,7 +328,9 @@ class Searcher:
                          limits_d.max_num_seqs, limits_p.max_batched_tokens,
                          mem_d.kv_tokens, "balanced pools", not why, why,
                          [f"KV transfer {transfer_s * 1e3:.2f} ms per request over {self.hw.interconnect_name}",
-                          "decode instances ignore the prefix cache; prefill instances use it"]
+                          "decode instances ignore the prefix cache; prefill instances use it",
+                          self.w.describe() + (" (disaggregated pools priced at its mean lengths)"
+                                               if self.w.lengths is not None else "")]
                          + self.cost(decode).formats_notes(),
                          replace(prefill, dp=p), p, d)
 

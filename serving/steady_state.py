@@ -16,13 +16,23 @@ for evenly spaced ones), then for its own ceil(I' / c) steps:
 Load is open loop (rate R), closed loop (C users, each sending again when answered: R = C / E2E), or
 maximum throughput (every request queued at once: as many running as the engine admits). The engine
 admits at most max_num_seqs requests and as many as its KV cache holds.
+
+Under open-loop load with variable arrivals the running batch is not the fixed point but a distribution
+(serving/load_queue.py): the engine admits greedily, so bursts fill the batch to its cap and queue behind it.
+TPOT is then a distribution too (the batch a request decodes in, and which of its steps carry prefill), and
+TTFT adds the wait for a slot. Lengths may vary per request (serving/lengths.py): the step uses the mean
+lengths, the KV admission the running mix (long outputs stay longer), TTFT each prompt class's own chunks.
 """
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
+import heapq
+
+from .lengths import LengthDistribution, fixed_lengths
+from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, normal_mix_quantiles, peakedness,
+                         ttft_quantiles)
 from .metrics import percentile
 
 RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
@@ -51,6 +61,8 @@ class Limits:
     chunked_prefill: bool = True
     state_tokens: int = 0        # a request's recurrent state (hybrid / SSM models), in KV-token units
     attention_kv: bool = True    # False: a request's memory is its state only (no KV cache grows)
+    output_kv_share: float = 1.0   # share of its output's KV a running request holds on average, as the engine
+                                   # admits (serving/capacity.py OUTPUT_KV_SHARE: vLLM 0.5, TensorRT-LLM 1)
 
 
 @dataclass
@@ -66,60 +78,70 @@ class SteadyState:
     total_tokens_per_s: float = 0.0
     limited_by: str = "load"     # load | max_num_seqs | kv_cache | prefill budget
     note: str = ""
-
-
-def _poisson_quantile(mean: float, q: float) -> int:
-    """Smallest k with P(K <= k) >= q for K ~ Poisson(mean)."""
-    if mean <= 0:
-        return 0
-    term = cdf = math.exp(-mean) if mean < 700 else 0.0
-    if term == 0.0:       # a large mean: normal approximation
-        return max(0, round(mean + {0.5: 0.0, 0.9: 1.2816, 0.99: 2.3263}.get(q, 0.0) * math.sqrt(mean)))
-    k = 0
-    while cdf < q and k < 10000:
-        k += 1
-        term *= mean / k
-        cdf += term
-    return k
-
-
-def _waiting_quantiles(mean: float, busy: float) -> dict:
-    """Quantiles of an M/D/1-like wait: zero with probability 1 - busy, else about exponential."""
-    out = {"mean": mean}
-    for q in (50, 90, 99):
-        tail = 1 - q / 100
-        out[f"p{q}"] = 0.0 if busy <= tail or mean <= 0 else mean / busy * math.log(busy / tail)
-    return out
+    tpot_q_s: dict = field(default_factory=dict)   # a request's TPOT: mean, p50, p90, p99
+    queue_s: float = 0.0         # mean wait for a slot in the batch (all slots taken when it arrives)
+    lengths: str = ""            # which lengths the answer used
 
 
 def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
-             shared_prefix_kv: bool = False) -> int:
-    """Requests an engine runs at once: max_num_seqs, or as many whole requests (input + output KV, and any
-    recurrent state) as its cache holds; a shared prefix counts once."""
+             shared_prefix_kv: bool = False, kv_per_request: float | None = None) -> int:
+    """Requests an engine runs at once: max_num_seqs, or as many requests (input + the engine's share of the
+    output KV, and any recurrent state) as its cache holds; a shared prefix counts once. `kv_per_request`: a
+    mix's mean over the running requests (serving/lengths.py residence_mean) instead."""
     shared = cached_tokens if shared_prefix_kv else 0
-    kv_per_request = (input_tokens + output_tokens - shared if limits.attention_kv else 0) + limits.state_tokens
-    return max(1, min(limits.max_num_seqs, max(0, limits.kv_tokens - shared) // max(1, kv_per_request)))
+    whole = input_tokens + limits.output_kv_share * output_tokens if kv_per_request is None else kv_per_request
+    kv = (whole - shared if limits.attention_kv else 0) + limits.state_tokens
+    return max(1, min(limits.max_num_seqs, int(max(0, limits.kv_tokens - shared) // max(1, kv))))
 
 
 def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load: Load, limits: Limits,
-          request_overhead_s: float = 0.0, shared_prefix_kv: bool = False) -> SteadyState:
+          request_overhead_s: float = 0.0, shared_prefix_kv: bool = False,
+          lengths: LengthDistribution | None = None) -> SteadyState:
     """`step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context)`: seconds of one engine step
     (serving/step_cost.py StepCost.steady). `shared_prefix_kv`: the cached prefix is one prefix every request
-    shares, held once in the KV cache rather than once per request (the RFC's default counts it per request)."""
-    prompt = max(1, input_tokens - cached_tokens)
-    o = max(1, output_tokens)
-    ctx_decode = input_tokens + o // 2
-    admit = admitted(limits, input_tokens, o, cached_tokens, shared_prefix_kv)
+    shares, held once in the KV cache rather than once per request (the RFC's default counts it per request).
+    `lengths`: per-request lengths; when given, input_tokens and output_tokens are ignored (its means are used,
+    with its spread), and every request's first `cached_tokens` tokens hit the prefix cache."""
+    if lengths is not None:
+        input_tokens = lengths.mean_input
+        o = max(1.0, lengths.mean_output)
+        prompts = [(w, max(1, i - cached_tokens)) for w, i in lengths.classes("input", 16)]
+        outputs = lengths.classes("output", 16)
+        ctx_decode = lengths.residence_mean(lambda i, out: i + out / 2)
+        whole = lengths.residence_mean(lambda i, out: i + out)
+        admit = admitted(limits, 0, 0, cached_tokens, shared_prefix_kv,
+                         lengths.residence_mean(lambda i, out: i + limits.output_kv_share * out))
+        mean_out = lengths.mean_output
+        residence_variation = sum(w * (x - mean_out) ** 2 for w, x in outputs) / mean_out ** 2
+        described = lengths.describe()
+    else:
+        o = max(1, output_tokens)
+        prompts, outputs = [(1.0, max(1, input_tokens - cached_tokens))], [(1.0, o)]
+        ctx_decode = input_tokens + o // 2
+        whole = input_tokens + o
+        admit = admitted(limits, input_tokens, o, cached_tokens, shared_prefix_kv)
+        residence_variation = 0.0
+        described = fixed_lengths(input_tokens, o)
+    prompt = sum(w * x for w, x in prompts)
     budget = limits.max_batched_tokens
     # prompts are prefilled in chunks of up to the budget, each over the cached prefix and earlier chunks
     chunk = min(prompt, budget) if limits.chunked_prefill else prompt
     chunk_context = cached_tokens + (prompt - chunk) / 2
     engine_step = step
+    priced: dict = {}
 
     def step(n: float, p: float) -> float:
-        return engine_step(n, p, chunk, chunk_context, ctx_decode)
+        t = priced.get((n, p))
+        if t is None:
+            t = priced[(n, p)] = engine_step(n, p, chunk, chunk_context, ctx_decode)
+        return t
 
     lumpy = not (load.kind == RATE and load.arrival == "constant")
+    # squared coefficient of variation of the arrivals: Poisson 1; every k-th of a Poisson stream (round robin
+    # over k engines) 1/k; evenly spaced 0
+    arrival_variation = (1.0 / max(1, load.spread) if load.arrival == "poisson" else 0.0) \
+        if load.kind == RATE else 0.0
+    z = peakedness(arrival_variation, residence_variation)
 
     def prefill_capacity(n: float) -> float:
         """Prompt tokens one step takes beside `n` decodes."""
@@ -132,7 +154,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         most the budget left by the decodes; what exceeds it fills the following steps, and a prompt longer than
         the budget fills whole chunk steps. Step time is convex in the tokens (flat while weight reads
         dominate), so the mean of steps exceeds the step of the mean; the square measures how much longer the
-        step a request arrives in is (the inspection paradox)."""
+        step a request arrives in is (the inspection paradox). Prompts count at their mean length."""
         room = prefill_capacity(n)
 
         def steps_of(tokens: float) -> list[float]:
@@ -180,49 +202,132 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             s = 0.5 * (s + s_new)
         return min(rate * (o - 1) * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget), s
 
+    def own_prefill_steps(n: float) -> float:
+        capacity = prefill_capacity(n)
+        return sum(w * math.ceil(x / capacity) for w, x in prompts)
+
+    def residence_steps(n: float) -> float:
+        """Steps a request holds its slot: its prompt's chunks and its O - 1 decodes."""
+        return (o - 1) + own_prefill_steps(n)
+
+    def moments_at(rate: float, running: float) -> tuple[float, float]:
+        """Mean and mean square of a step with `running` requests in their slots at `rate` (the prefill tokens
+        a step carries keep up with the arrivals: p = R I' s, solved for s by the secant method: the mean step
+        is nearly linear in its prefill tokens)."""
+        key = (rate, running)
+        if key in at_rate:
+            return at_rate[key]
+        decoding = max(1.0, running * (o - 1) / residence_steps(running))
+
+        def gap(s: float) -> float:
+            return mean_step(decoding, min(rate * prompt * s, 2.0 * budget)) - s
+
+        a = step(decoding, 0.0)
+        b = mean_step(decoding, min(rate * prompt * a, 2.0 * budget))
+        ga, gb = gap(a), gap(b)
+        for _ in range(12):
+            if abs(gb) <= 1e-6 * b or gb == ga:
+                break
+            a, b = b, max(a * 1e-3, b - gb * (b - a) / (gb - ga))
+            ga, gb = gb, gap(b)
+        at_rate[key] = step_moments(decoding, min(rate * prompt * b, 2.0 * budget))
+        return at_rate[key]
+
+    at_rate: dict = {}
+
+    def full_batch_rate(rate: float) -> float:
+        """Requests/s the engine completes with every slot taken (the open-loop queue's service rate)."""
+        return admit / (residence_steps(admit) * moments_at(rate, admit)[0])
+
     def prefill_service(n: float) -> float:
         """Seconds of prefill capacity one prompt takes: its share of a step full of prefill."""
         capacity = prefill_capacity(n)
         return prompt / capacity * step(n, capacity)
 
-    def ttft(n: float, p: float, s: float, poisson: bool, rate: float) -> dict:
-        """A request waits for the rest of the step under way, for the prompts queued ahead (M/D/1 under
-        Poisson arrivals), then for its own prefill step(s), which also carry the prompts that arrived with it
-        during the step under way (Poisson). A Poisson arrival more likely lands in a long step (one with a
-        prefill) than a short one: the step under way is the length-biased mean step, E[S^2] / E[S]; evenly
-        spread arrivals see the plain mean step."""
+    def batch(rate: float, deterministic: bool):
+        """[(share, running, step mean, step mean square)] of the running batch at `rate`, and the admission
+        wait (P(queued), rate of its exponential)."""
+        if deterministic or z < MIN_PEAKEDNESS:
+            n, p, s = state(rate)
+            mean, square = step_moments(max(n, 1.0), p)
+            return [(1.0, n, mean, square)], (0.0, 0.0)
+        law = batch_law(rate, admit, residence_steps(admit), lambda m: moments_at(rate, m)[0], z)
+        if not law.stable:
+            return batch(rate, True)
+        grid = law.grid
+        table = [moments_at(rate, m) for m in grid]
+        cells = []
+        for w, m in law.points:
+            hi = next((j for j, g in enumerate(grid) if g >= m), len(grid) - 1)
+            lo = max(0, hi - 1)
+            f = 0.0 if grid[hi] == grid[lo] else min(1.0, max(0.0, (m - grid[lo]) / (grid[hi] - grid[lo])))
+            mean = table[lo][0] + f * (table[hi][0] - table[lo][0])
+            square = table[lo][1] + f * (table[hi][1] - table[lo][1])
+            cells.append((w, m * (o - 1) / residence_steps(m), mean, square))
+        return cells, (law.queued, law.wait_rate)
+
+    def tpot_quantiles(cells) -> dict:
+        """A request's TPOT: the mean of its O - 1 steps, each drawn from the steps at the batch it decodes in
+        (which of them carry a prefill chunk is random), that batch averaged over its life."""
+        mean = sum(w * m for w, _, m, _ in cells)
+        keep = math.sqrt(LIFE_AVERAGE_VARIANCE)
+        parts = [(w * v, mean + keep * (m - mean), math.sqrt(max(0.0, sq - m * m) / max(1.0, x - 1)))
+                 for w, _, m, sq in cells for v, x in outputs]
+        return {"mean": mean, **normal_mix_quantiles(parts)}
+
+    def ttft(n: float, s: float, square: float, poisson: bool, rate: float, admission) -> dict:
+        """A request waits for the rest of the step under way, for a slot when every slot is taken, for the
+        prompts queued ahead (M/G/1 under Poisson arrivals), then for its own prefill step(s), which also carry
+        the prompts that arrived with it during the step under way (Poisson). A Poisson arrival more likely
+        lands in a long step (one with a prefill) than a short one: the step under way is the length-biased
+        mean step, E[S^2] / E[S]; evenly spread arrivals see the plain mean step."""
         capacity = prefill_capacity(n)
-        # squared coefficient of variation of the arrivals: Poisson 1; every k-th of a Poisson stream
-        # (round robin over k engines) 1/k, which less often lands right behind the prompt before it
-        variation = 1.0 / max(1, load.spread) if poisson else 0.0
-        own_steps = math.ceil(prompt / capacity)
+        variation = arrival_variation if poisson else 0.0
         service = prefill_service(n)          # the prefill capacity as a server in time
         busy = min(0.999, rate * service)
-        # the prompts queued ahead (M/D/1 less the residual of the one being served, which the step under way
-        # already counts), scaled as G/D/1 by the arrivals' variation (Kingman)
-        wait = variation * busy * busy * service / (2 * (1 - busy))
-        w = _waiting_quantiles(wait, busy * busy if poisson else 0.0)
-        mean, square = step_moments(max(n, 1.0), p)
-        biased = s + variation * (square / mean - s) if mean > 0 else s   # the step a request arrives in
+        # service in proportion to each prompt's tokens: E[S^2] / E[S]^2 of the prompt mix
+        spread = sum(w * x * x for w, x in prompts) / prompt ** 2
+        # the prompts queued ahead (M/G/1 less the residual of the one being served, which the step under way
+        # already counts), scaled as G/G/1 by the arrivals' variation (Kingman)
+        wait = variation * busy * busy * service * spread / (2 * (1 - busy))
+        queue_busy = busy * busy if poisson else 0.0
+        waits = [admission, (queue_busy, queue_busy / wait if wait > 0 else 0.0)]
+        biased = s + variation * (square / s - s) if s > 0 else s   # the step a request arrives in
         along = rate * biased                         # prompts arriving during it
-        out = {}
-        for key, q in (("mean", None), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
-            # the prompts that share its step: Poisson counts, or about one fewer than arrive per step for
-            # evenly spaced arrivals (every spread-th request of a Poisson stream: a mix of the two)
-            poisson_others = along if q is None or not poisson else _poisson_quantile(along, q)
-            others = variation * poisson_others + (1 - variation) * max(0.0, along - 1.0)
-            if own_steps == 1:
-                own = step(n, min(capacity, prompt * (1 + others)))
-            else:
-                own = own_steps * step(n, capacity)
-            residual = biased / 2 if q is None else q * biased
-            out[key] = request_overhead_s + residual + own + w[key]
-        return out
+        if variation > 0 and along <= 40:
+            others, k, weight = [], 0, math.exp(-along)
+            while k <= along + 6 * math.sqrt(along) + 6:
+                others.append((weight, k))
+                k += 1
+                weight *= along / k
+            # every spread-th request of a Poisson stream: counts vary 1/spread as much (a mix of the two)
+            others = [(w * variation, k) for w, k in others] + [(1 - variation, max(0.0, along - 1.0))]
+        else:
+            others = [(1.0, along if variation > 0 else max(0.0, along - 1.0))]
+        priced: dict = {}
+
+        def own(x: float, j: float) -> float:
+            if x > capacity:
+                return math.ceil(x / capacity) * step(n, capacity)
+            tokens = round(min(capacity, x + j * prompt))
+            if tokens not in priced:
+                priced[tokens] = step(n, tokens)
+            return priced[tokens]
+
+        classes = [(w * v, request_overhead_s + own(x, j)) for w, x in prompts for v, j in others]
+        mean = sum(w * c for w, c in classes) / sum(w for w, _ in classes) + biased / 2 + \
+            sum(b / th for b, th in waits if b > 0 and th > 0)
+        return {"mean": mean, **ttft_quantiles(classes, biased, waits)}
 
     def feasible(rate: float) -> tuple[bool, str, tuple]:
         n, p, s = state(rate)
-        if n + 1 > admit:
-            return False, ("max_num_seqs" if admit == limits.max_num_seqs else "kv_cache"), (n, p, s)
+        binding = "max_num_seqs" if admit == limits.max_num_seqs else "kv_cache"
+        if z >= MIN_PEAKEDNESS and load.kind == RATE:
+            # a queue in front of the batch: stable while the full batch completes requests faster than they come
+            if rate >= 0.999 * full_batch_rate(rate):
+                return False, binding, (n, p, s)
+        elif n + 1 > admit:
+            return False, binding, (n, p, s)
         # prompts need their budget's share of prefill steps: in time, prefill must keep up with arrivals
         if n + p > budget * 0.98 or rate * prefill_service(n) > 0.98:
             return False, "prefill budget", (n, p, s)
@@ -241,13 +346,36 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
                 hi = mid
         return lo
 
-    def result(rate: float, stable: bool, limited: str, ttft_extra: float = 0.0, note: str = "") -> SteadyState:
-        n, p, s = state(rate)
-        t = ttft(n, p, s, load.arrival == "poisson" and load.kind == RATE, rate)
+    def result(rate: float, stable: bool, limited: str, ttft_extra: float = 0.0, note: str = "",
+               deterministic: bool = False) -> SteadyState:
+        cells, admission = batch(rate, deterministic or not stable or load.kind != RATE)
+        running = sum(w * n for w, n, _, _ in cells)
+        s = sum(w * m for w, _, m, _ in cells)
+        square = sum(w * sq for w, _, _, sq in cells)
+        t = ttft(running, s, square, load.arrival == "poisson" and load.kind == RATE, rate, admission)
         t = {k: v + ttft_extra for k, v in t.items()}
+        tpot = tpot_quantiles(cells)
         e2e = {k: v + (o - 1) * s for k, v in t.items()}
-        return SteadyState(stable, rate, n, s, t, s, e2e, rate * o, rate * (input_tokens + o), limited, note)
+        queue = admission[0] / admission[1] if admission[0] > 0 and admission[1] > 0 else 0.0
+        return SteadyState(stable, rate, running, s, t, s, e2e, rate * o, rate * (input_tokens + o), limited, note,
+                           tpot, queue, described)
 
+    def walked(arrivals: list[float], steady: SteadyState, limited: str, note: str) -> SteadyState:
+        count = len(arrivals)
+        if lengths is None:
+            requests = [(prompts[0][1], int(o))] * count
+        else:
+            requests = [(max(1, i - cached_tokens), out) for i, out in lengths.sample(count)]
+        walk = _walk(step, arrivals, requests, admit, budget, limits.chunked_prefill)
+        return _walked(walk, steady, request_overhead_s, requests, cached_tokens, limited, note)
+
+    shared = cached_tokens if shared_prefix_kv else 0
+    if limits.attention_kv and limits.kv_tokens - shared < whole - shared + limits.state_tokens:
+        # not one request fits (the weights leave too little memory): no load is served
+        none = result(1e-9, False, "kv_cache", note=f"the KV cache ({limits.kv_tokens} tokens) cannot hold one "
+                                                      f"request ({whole:.0f} tokens)", deterministic=True)
+        none.request_rate = none.output_tokens_per_s = none.total_tokens_per_s = 0.0
+        return none
     if load.kind == RATE:
         ok, limited, _ = feasible(load.value)
         if ok:
@@ -264,10 +392,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             return result(top, False, limited, note=note + ": queues grow without bound")
         # a finite run: the queue grows while requests arrive, then drains; walk it step by step
         spacing = 1.0 / load.value
-        walk = _walk(step, [i * spacing for i in range(load.requests)], prompt, o, admit, budget,
-                     limits.chunked_prefill)
-        return _walked(walk, result(top, False, limited), request_overhead_s, input_tokens, o, limited,
-                       note + f": {load.requests} requests, the queue grows while they arrive")
+        return walked([i * spacing for i in range(load.requests)], result(top, False, limited), limited,
+                      note + f": {load.requests} requests, the queue grows while they arrive")
     if load.kind == CONCURRENCY:
         # closed loop: R x E2E(R) = C, where R x E2E grows with R; solved by bisection below saturation
         users = load.value
@@ -289,61 +415,68 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     # maximum throughput: as many running as the engine admits, the rest queued
     top = saturation()
     _, limited, _ = feasible(top * 1.01)
-    steady = result(top, True, limited)
+    steady = result(top, True, limited, deterministic=True)
     if not load.requests:
         return steady
-    if load.requests > 6 * admit:
+    # a mix's run ends with its longest outputs: walk it whenever the walk is affordable
+    if load.requests > (50000 if lengths is not None else 6 * admit):
         # many waves: the steady state at saturation, plus the first wave's ramp and the last one's drain
-        makespan = load.requests / top + steady.e2e_s["mean"]
+        tail = lengths.longest("output") if lengths is not None else o
+        makespan = load.requests / top + steady.ttft_s["mean"] + (tail - 1) * steady.tpot_s
         rate = load.requests / makespan
         ttft = {k: v + load.requests / top / 2 for k, v in steady.ttft_s.items()}
         return SteadyState(True, rate, steady.running, steady.step_s, ttft, steady.tpot_s,
                            {k: v + (o - 1) * steady.tpot_s for k, v in ttft.items()}, rate * o,
                            rate * (input_tokens + o), limited,
-                           f"{load.requests} requests queued at once (steady state over the waves)")
+                           f"{load.requests} requests queued at once (steady state over the waves)",
+                           steady.tpot_q_s, 0.0, described)
     # a finite burst queued at once: its first tokens come as fast as prefill drains the queue, which
     # is not the steady state's pace (decodes have not filled the batch yet): walk the burst step by step
-    walk = _walk(step, [0.0] * load.requests, prompt, o, admit, budget, limits.chunked_prefill,
-                 )
-    return _walked(walk, steady, request_overhead_s, input_tokens, o, limited,
-                   f"{load.requests} requests queued at once")
+    return walked([0.0] * load.requests, steady, limited, f"{load.requests} requests queued at once")
 
 
-def _walked(walk, steady: SteadyState, overhead_s: float, input_tokens: int, o: int, limited: str,
-            note: str) -> SteadyState:
-    waits, tpot, makespan = walk
+def _walked(walk, steady: SteadyState, overhead_s: float, requests: list[tuple[int, int]], cached_tokens: int,
+            limited: str, note: str) -> SteadyState:
+    waits, tpots, makespan = walk
     ttft = [overhead_s + w for w in waits]
     q = {"mean": sum(ttft) / len(ttft), **{f"p{k}": percentile(ttft, k) for k in (50, 90, 99)}}
+    tpot_mean = sum(tpots) / len(tpots) if tpots else 0.0
+    tpot = {"mean": tpot_mean, **{f"p{k}": percentile(tpots, k) or 0.0 for k in (50, 90, 99)}}
+    o = sum(out for _, out in requests) / len(requests)
+    tokens_in = sum(p for p, _ in requests) / len(requests) + cached_tokens
     rate = len(waits) / makespan
-    return SteadyState(True, rate, steady.running, steady.step_s, q, tpot,
-                       {k: v + (o - 1) * tpot for k, v in q.items()}, rate * o,
-                       rate * (input_tokens + o), limited, note)
+    return SteadyState(True, rate, min(steady.running, len(requests)), steady.step_s, q, tpot_mean,
+                       {k: v + (o - 1) * tpot_mean for k, v in q.items()}, rate * o,
+                       rate * (tokens_in + o), limited, note, tpot, 0.0, steady.lengths)
 
 
-def _walk(step, arrivals: list[float], prompt: int, output: int, admit: int, budget: int, chunked: bool,
-          ) -> tuple[list[float], float, float]:
-    """An engine's steps over identical requests arriving at `arrivals` (sorted seconds): (each request's wait
-    for its first token, mean TPOT, makespan from the first arrival to the last token). Each step fills the
-    token budget with the running requests' decodes, then with prefill of the admitted prompts in order;
-    at most `admit` requests run (prefilling or decoding) at once."""
+def _walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: int, budget: int, chunked: bool,
+          ) -> tuple[list[float], list[float], float]:
+    """An engine's steps over requests [(prompt tokens to prefill, output tokens)] arriving at `arrivals`
+    (sorted seconds): (each request's wait for its first token, each TPOT, makespan from the first arrival to the
+    last token). Each step fills the token budget with the running requests' decodes, then with prefill of the
+    admitted prompts in order; at most `admit` requests run (prefilling or decoding) at once."""
     n = len(arrivals)
     t = arrivals[0]
-    waiting: deque = deque()       # arrival times, not yet admitted
-    prefilling: deque = deque()    # [arrival, prompt tokens left]
-    decoding: deque = deque()      # (requests, step index of their last token, first-token time), in order
-    n_decoding, done, nxt, steps = 0, 0, 0, 0
+    waiting: list = []             # indices not yet admitted, in arrival order (a pointer into it)
+    head = 0
+    prefilling: list = []          # [arrival, prompt tokens left, output tokens]
+    decoding: list = []            # heap of (step index of its last token, first-token time, output tokens)
+    done, nxt, steps = 0, 0, 0
     waits: list[float] = []
-    tpot_sum = 0.0
+    tpots: list[float] = []
     while done < n:
         while nxt < n and arrivals[nxt] <= t:
-            waiting.append(arrivals[nxt])
+            waiting.append(nxt)
             nxt += 1
-        while waiting and len(prefilling) + n_decoding < admit:
-            prefilling.append([waiting.popleft(), prompt])
-        if not prefilling and not n_decoding:
+        while head < len(waiting) and len(prefilling) + len(decoding) < admit:
+            k = waiting[head]
+            head += 1
+            prefilling.append([arrivals[k], requests[k][0], requests[k][1]])
+        if not prefilling and not decoding:
             t = arrivals[nxt]      # idle until the next request arrives
             continue
-        room, prefill, finished = budget - n_decoding, 0, []
+        room, prefill, finished = budget - len(decoding), 0, 0
         for item in prefilling:
             if room <= 0:
                 break
@@ -355,20 +488,18 @@ def _walk(step, arrivals: list[float], prompt: int, output: int, admit: int, bud
             item[1] -= take
             if item[1]:
                 break
-            finished.append(item[0])
-        for _ in finished:
-            prefilling.popleft()
-        t += step(n_decoding, prefill)
+            finished += 1
+        t += step(len(decoding), prefill)
         steps += 1
-        while decoding and decoding[0][1] <= steps:
-            count, _, first = decoding.popleft()
-            n_decoding -= count
-            done += count
-            tpot_sum += count * (t - first) / (output - 1)
-        waits += [t - a for a in finished]
-        if output > 1 and finished:
-            decoding.append((len(finished), steps + output - 1, t))
-            n_decoding += len(finished)
-        else:
-            done += len(finished)
-    return waits, (tpot_sum / n if output > 1 else 0.0), t - arrivals[0]
+        while decoding and decoding[0][0] <= steps:
+            _, first, output = heapq.heappop(decoding)
+            done += 1
+            tpots.append((t - first) / (output - 1))
+        for arrival, _, output in prefilling[:finished]:
+            waits.append(t - arrival)
+            if output > 1:
+                heapq.heappush(decoding, (steps + output - 1, t, output))
+            else:
+                done += 1
+        del prefilling[:finished]
+    return waits, tpots, t - arrivals[0]

@@ -11,19 +11,23 @@ from .layouts import Layout
 from .metrics import latency_ms
 from .search import Candidate, Searcher
 from .simulator import ServerConfig, simulate
+from .lengths import LengthDistribution
 from .steady_state import CONCURRENCY, MAX, Load
 from .workload import SimRequest, arrival_times
 
 BLOCK = 16
 
 
-def fixed_requests(n: int, input_tokens: int, output_tokens: int, cached_tokens: int, arrivals: list[float]) \
-        -> list[SimRequest]:
+def fixed_requests(n: int, input_tokens: int, output_tokens: int, cached_tokens: int, arrivals: list[float],
+                   lengths: LengthDistribution | None = None, seed: int = 0) -> list[SimRequest]:
+    """`n` requests arriving at `arrivals`; with `lengths`, each request's lengths drawn from it."""
+    sizes = lengths.sample(n, seed) if lengths is not None else [(input_tokens, output_tokens)] * n
     out = []
-    for i in range(n):
-        segs = [("shared-prefix", cached_tokens)] if cached_tokens else []
-        segs.append((f"prompt-{i}", input_tokens - cached_tokens))
-        out.append(SimRequest(i, arrivals[i], input_tokens, output_tokens, segments=segs, session=f"user-{i}"))
+    for i, (prompt, output) in enumerate(sizes):
+        cached = min(cached_tokens, prompt - 1)
+        segs = [("shared-prefix", cached)] if cached else []
+        segs.append((f"prompt-{i}", prompt - cached))
+        out.append(SimRequest(i, arrivals[i], prompt, output, segments=segs, session=f"user-{i}"))
     return out
 
 
@@ -35,15 +39,20 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
     limits, mem = searcher.engine_limits(layout)
     engines = layout.dp * layout.pp        # pipeline micro-batch streams simulate as engines of their own
     w = searcher.w
-    if load.kind == MAX:
+    if load.kind == MAX and not load.requests:
         load = Load("rate", candidate.request_rate, load.arrival)
     per_engine_running = max(1.0, candidate.running / max(1, layout.pp))
-    n = requests or int(min(4000, max(400, 30 * engines * per_engine_running)))
-    if load.kind == CONCURRENCY:
+    burst = load.kind == MAX and load.requests > 0      # a finite run: every request at once, all of it counts
+    if burst:
+        n = load.requests
+    else:
+        # near saturation the batch takes many residences to fill from empty: a long run, its first 30% dropped
+        n = requests or int(min(20000, max(400, 60 * engines * per_engine_running)))
+    if load.kind == CONCURRENCY or burst:
         times = [0.0] * n
     else:
         times = arrival_times(n, load.value, random.Random(seed), load.arrival)
-    reqs = fixed_requests(n, w.input_tokens, w.output_tokens, w.cached_tokens, times)
+    reqs = fixed_requests(n, w.input_tokens, w.output_tokens, w.cached_tokens, times, w.lengths, seed)
     config = ServerConfig(block_size=BLOCK, gpu_blocks=max(2, limits.kv_tokens // BLOCK + 1),
                           max_prefill_tokens=limits.max_batched_tokens, max_running=limits.max_num_seqs,
                           prefix_caching=w.cached_tokens > 0, instances=engines,
@@ -53,14 +62,41 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
     arrivals = ClosedLoopArrivals(reqs, int(load.value)) if load.kind == CONCURRENCY else None
     result = simulate(reqs, searcher.cost(layout), config, arrivals)
     summary = result.summary(config)
-    # the first and last stretches of a finite run are not the steady state: latencies of the middle 80%
+    # the first and last stretches of an open-ended run are not the steady state: the batch fills from empty,
+    # then drains; latencies of the requests from 30% to 90% of the run (a finite burst: every request)
     recs = sorted(result.records, key=lambda r: r.arrival_s)
-    middle = recs[len(recs) // 10: len(recs) - len(recs) // 10] or recs
+    middle = recs if burst else recs[3 * len(recs) // 10: len(recs) - len(recs) // 10] or recs
     tpots = [r.tpot_s for r in middle if r.tpot_s is not None]
     return {"requests": n, "ttft_ms": latency_ms([r.ttft_s for r in middle]),
             "tpot_ms": latency_ms(tpots)["mean"] if tpots else 0.0,
+            "tpot_q_ms": latency_ms(tpots) if tpots else {},
             "output_tokens_per_s": summary["output_tokens_per_s"], "hit_rate": summary["hit_rate"],
             "preemptions": summary["preemptions"]["count"]}
 
 
-__all__ = ["fixed_requests", "simulate_candidate"]
+
+
+def simulated_best_rate(searcher: Searcher, layout: Layout, guess: float, steps: int = 6, seed: int = 0) \
+        -> tuple[float, dict]:
+    """The highest request rate whose simulated latencies meet the searcher's limits (at its statistic), by
+    bisection from `guess` (the steady state's answer) over [guess / 2, guess * 1.5]: (rate, simulation)."""
+    limits = searcher.limits
+
+    def meets(sim: dict) -> bool:
+        ttft = sim["ttft_ms"][limits.stat]
+        tpot = sim["tpot_q_ms"].get(limits.stat) if sim["tpot_q_ms"] else 0.0
+        return (limits.ttft_ms is None or ttft is not None and ttft <= limits.ttft_ms) and \
+            (limits.tpot_ms is None or tpot is not None and tpot <= limits.tpot_ms)
+
+    lo, hi, best = guess / 2, guess * 1.5, None
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        sim = simulate_candidate(searcher, searcher.mixed(layout, Load("rate", mid)), Load("rate", mid), seed=seed)
+        if meets(sim):
+            lo, best = mid, sim
+        else:
+            hi = mid
+    return lo, best
+
+
+__all__ = ["fixed_requests", "simulate_candidate", "simulated_best_rate"]

@@ -1,6 +1,7 @@
 """Simulate a server's prefix cache under a multi-user workload, with an engine's cache rules.
 
     python -m cli.inference.serving_sim MODEL --device DEVICE --workload PRESET|FILE.jsonl|mooncake:FILE
+        | --lengths-file FILE
         [--num-requests R] [--request-rate QPS] [--time-scale X] [--seed S] [--block-size 16]
         [--cache-policy vllm|sglang] [--gpu-cache-gb auto|X] [--sweep-gpu-cache-gb 8,16,32,64]
         [--cpu-cache-gb Y] [--instances N] [--routing round-robin|cache-aware]
@@ -9,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import random
 from argparse import ArgumentTypeError
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -23,8 +25,10 @@ from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
 from serving.simulator import ServerConfig, StepCost, simulate
+from serving.lengths import bundled_sets, read_lengths
 from serving.traces import MAX_ARRIVAL_S, load_jsonl, load_mooncake
-from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, preset
+from serving.verify import fixed_requests
+from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, arrival_times, preset
 from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
@@ -79,7 +83,29 @@ def _blocks(gb: float, block_bytes: float) -> int:
     return blocks
 
 
+def length_requests(args, lengths):
+    """Fresh prompts (nothing shared) with each request's lengths from the distribution: all of a file's
+    requests, or --num-requests drawn from it."""
+    n = args.num_requests or lengths.requests
+    MAX_REQUESTS.check(n, "--num-requests")
+    times = arrival_times(n, args.request_rate, random.Random(args.seed), args.arrival)
+    return fixed_requests(n, 0, 0, 0, times, lengths, args.seed)
+
+
 def load_workload(args):
+    if args.lengths_file is not None:
+        if args.workload not in (None, "random"):
+            raise WorkloadError(f"--lengths-file gives fresh prompts of the file's lengths; it does not combine "
+                                f"with --workload {args.workload}")
+        args.lengths = read_lengths(args.lengths_file)
+        args.workload = "random"
+        requests = length_requests(args, args.lengths)
+        MAX_REQUESTS.check(len(requests), "requests")
+        return requests
+    args.lengths = None
+    if args.workload is None:
+        raise WorkloadError("give --workload PRESET|FILE.jsonl|mooncake:FILE, or --lengths-file FILE")
+    args.num_requests = args.num_requests or 200
     if args.workload in PRESETS:
         MAX_REQUESTS.check(args.num_requests, "--num-requests")
         sizes = PresetSizes(system_tokens=args.system_tokens, user_tokens=args.user_tokens,
@@ -170,7 +196,9 @@ def run(args) -> dict:
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
-           "load": _load_label(args), "runs": {k: results[k] for k in runs}, "warnings": list(report.warnings)}
+           "load": _load_label(args), "runs": {k: results[k] for k in runs}, "warnings": list(report.warnings),
+           "lengths": args.lengths.describe() if args.lengths else None,
+           "length_distribution": args.lengths.as_json() if args.lengths else None}
     if args.sweep_gpu_cache_gb:
         out["sweep"] = [{"gpu_cache_gb": gb, "hit_rate": r["hit_rate"], "ttft_ms_p50": r["ttft_ms"]["p50"],
                          "evicted_blocks": r["evictions"]["blocks"], "preemptions": r["preemptions"]["count"]}
@@ -248,6 +276,8 @@ def render(out: dict) -> str:
     title = (f"{out['model']} on {out['device']} (TP={out['tp_size']}) x {out['instances']}, {out['engine']}, "
              f"workload {out['workload']}, {out['num_requests']} requests, {out['load']}, {out['cache_policy']} "
              f"cache, block size {out['block_size']}")
+    if out.get("lengths"):
+        title += f"\n{out['lengths']}"
     text = format_table(["metric", *runs.keys()], rows, title=title)
     if "sweep" in out:
         text += "\n\n" + format_table(
@@ -327,11 +357,15 @@ def main(argv=None) -> int:
     p.add_argument("model", help="bundled model name, folder or config.json path, or HF id in the local cache")
     add_device_arguments(p)
     p.add_argument("--tp-size", type=positive_int, default=1, help="tensor-parallel degree per instance (default 1)")
-    p.add_argument("--workload", required=True,
+    p.add_argument("--workload", default=None,
                    help=f"a preset ({', '.join(PRESETS)}), a JSONL trace file, or mooncake:FILE (a Mooncake trace)")
-    p.add_argument("--num-requests", type=positive_int, default=200,
-                   help=f"requests of a preset (default 200; at most {MAX_REQUESTS.default:,}, raised with "
-                        f"{MAX_REQUESTS.env})")
+    p.add_argument("--lengths-file", default=None, metavar="FILE",
+                   help="fresh prompts with per-request lengths: a CSV (header with input_length, output_length) "
+                        "or JSONL file, or a bundled set (" + ", ".join(bundled_sets()) + "); all of its requests, "
+                        "or --num-requests drawn from it; sent at once without --request-rate/--concurrency")
+    p.add_argument("--num-requests", type=positive_int, default=None,
+                   help=f"requests of a preset (default 200) or drawn from --lengths-file (default: all of it); at "
+                        f"most {MAX_REQUESTS.default:,}, raised with {MAX_REQUESTS.env}")
     p.add_argument("--request-rate", type=finite_float(0.0, 1e9, low_open=True), default=None,
                    help="open loop: a preset's arrivals per second (default: all at once, maximum throughput)")
     p.add_argument("--arrival", default="poisson", choices=ARRIVALS,

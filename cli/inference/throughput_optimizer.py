@@ -1,7 +1,8 @@
 """Best serving setup (parallel layout and load) for a model on N devices, within TTFT / TPOT limits.
 
     python -m cli.inference.throughput_optimizer MODEL --device DEVICE --num-devices N --input-length I
-        --output-length O [--request-rate R | --concurrency C] [--ttft-limit MS] [--tpot-limit MS]
+        --output-length O | --lengths-file FILE [--request-rate R | --concurrency C | --num-requests N]
+        [--ttft-limit MS] [--tpot-limit MS] [--limit-stat mean|p50|p90|p99]
         [--prefix-cache-hit-rate H] [--mode mixed|disagg|both] [--tp-sizes ..] [--pp-sizes ..] [--ep-sizes ..]
         [--attention-dp auto|on|off] [--nodes K] [--verify N] [--plot FILE.png] [--emit vllm|sglang|trtllm]
         [--json]
@@ -21,6 +22,7 @@ from cost.engines import ENGINES
 from cost.layout_checks import Layout as CheckedLayout, ModelFacts, check_layout
 from cost.profile import load_profile
 from serving.layouts import LayoutSpace, layouts
+from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
                             Searcher, Workload, layout_error)
 from serving.steady_state import Load
@@ -51,11 +53,27 @@ def _model_facts(spec, options) -> tuple[int, int]:
 
 
 def _load(args) -> Load:
+    requests = args.num_requests or 0
     if args.request_rate is not None:
-        return Load(RATE, args.request_rate, args.arrival)
+        return Load(RATE, args.request_rate, args.arrival, requests=requests)
     if args.concurrency is not None:
+        if requests:
+            raise InputError("--num-requests with --concurrency: a closed loop is priced in its steady state; "
+                             "give --num-requests alone for a finite burst")
         return Load(CONCURRENCY, float(args.concurrency))
-    return Load(MAX)
+    return Load(MAX, requests=requests)
+
+
+def _lengths(args):
+    """(input length, output length, LengthDistribution or None) from the flags."""
+    if args.lengths_file is None:
+        if args.input_length is None or args.output_length is None:
+            raise InputError("give --input-length and --output-length, or --lengths-file FILE")
+        return args.input_length, args.output_length, None
+    if args.input_length is not None or args.output_length is not None:
+        raise InputError("--lengths-file gives every request's lengths: drop --input-length/--output-length")
+    lengths = read_lengths(args.lengths_file)
+    return max(1, round(lengths.mean_input)), max(1, round(lengths.mean_output)), lengths
 
 
 def _num_devices(args, hw) -> int:
@@ -81,9 +99,10 @@ def optimize(args, on_progress=None) -> dict:
     rate = sum(r * w for r, w in mix) if mix else args.prefix_cache_hit_rate
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     budget = args.max_prefill_tokens or defaults.max_batched_tokens
-    shapes = ServingShapes(args.input_length, args.output_length, rate, budget, args.prefix_cache_block_size)
+    input_length, output_length, lengths = _lengths(args)
+    shapes = ServingShapes(input_length, output_length, rate, budget, args.prefix_cache_block_size)
     workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens,
-                        args.shared_prefix_kv)
+                        args.shared_prefix_kv, lengths)
     limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat)
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
                               release=args.engine_release)
@@ -121,7 +140,8 @@ def optimize(args, on_progress=None) -> dict:
         if on_progress:
             on_progress(i, len(steps), f"{mode} {lay.label}")
         if mode == MIXED:
-            candidates.append(searcher.best_rate(lay) if load.kind == MAX else searcher.mixed(lay, load))
+            best = load.kind == MAX and not load.requests
+            candidates.append(searcher.best_rate(lay) if best else searcher.mixed(lay, load))
         else:
             replica = lay.gpus_per_replica
             for decode_tp in sorted({lay.tp} | {t.tp for t in plan if t.pp == 1 and not t.attention_dp}):
@@ -152,7 +172,8 @@ def optimize(args, on_progress=None) -> dict:
         "nodes": math.ceil(num_devices / hw.gpus_per_node), "mode": args.mode, "execution": args.execution,
         "engine": args.engine if args.execution == "engine" else None,
         "load": {"kind": load.kind, "value": load.value if load.kind != MAX else None,
-                 "arrival": load.arrival if load.kind == RATE else None},
+                 "arrival": load.arrival if load.kind == RATE else None, "requests": load.requests or None},
+        "lengths": workload.describe(), "length_distribution": lengths.as_json() if lengths else None,
         "input_length": shapes.input_length, "output_length": shapes.output_length,
         "prefix_cache_hit_rate": shapes.prefix_cache_hit_rate, "cached_prefix_tokens": shapes.cached_prefix_tokens,
         "shared_prefix_kv": args.shared_prefix_kv,
@@ -189,7 +210,7 @@ def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, s
                            c.tpot_ms, c.meets_limits, rate)
     rate = shapes.prefix_cache_hit_rate if shapes.prefix_cache_hit_rate > 0 else None
     points = [point(c, rate) for c in candidates if c.tpot_ms > 0]
-    if load.kind != MAX:
+    if load.kind != MAX or load.requests:     # a given load (a finite burst too): no lower loads to sweep
         return points
     mixed = [c for c in candidates if c.mode == MIXED and c.meets_limits]
     for c in mixed:
@@ -250,7 +271,8 @@ def _layout_text(c: dict) -> str:
 
 def render(r: dict) -> str:
     load = r["load"]
-    load_text = ("max throughput within the limits" if load["kind"] == MAX else
+    load_text = (f"{load['requests']} requests at once" if load["kind"] == MAX and load.get("requests") else
+                 "max throughput within the limits" if load["kind"] == MAX else
                  f"{load['value']:g} requests/s ({load['arrival']})" if load["kind"] == RATE else
                  f"{load['value']:g} concurrent users")
     head = (f"{r['model']} on {r['num_devices']} x {r['device']} ({r['engine'] or r['execution']}), {load_text}: "
@@ -260,30 +282,41 @@ def render(r: dict) -> str:
     verified = any("verified" in c for c in r["candidates"])
     rows = []
     for c in r["candidates"]:
+        tpot = (c.get("tpot_stats_ms") or {}).get(stat, c["tpot_ms"])
         row = [c["mode"], _layout_text(c), f"{c['batch_size']:.0f}", f"{c['request_rate']:.2f}",
-               f"{c['ttft_ms'][stat]:.1f}", f"{c['tpot_ms']:.2f}", f"{c['output_tokens_per_s']:,.0f}",
+               f"{c['ttft_ms'][stat]:.1f}", f"{tpot:.2f}", f"{c['output_tokens_per_s']:,.0f}",
                f"{c['output_tokens_per_s_per_gpu']:,.0f}", f"{c['tokens_per_s_per_user']:.1f}"]
         if verified:
             v = c.get("verified")
             ttft = v["ttft_ms"][stat] if v else None     # None: no request finished in the simulation
-            row += [f"{ttft:.1f}" if ttft is not None else "-", f"{v['tpot_ms']:.2f}" if ttft is not None else "-",
+            sim_tpot = (v.get("tpot_q_ms") or {}).get(stat, v["tpot_ms"]) if v else None
+            row += [f"{ttft:.1f}" if ttft is not None else "-", f"{sim_tpot:.2f}" if ttft is not None else "-",
                     f"{v['output_tokens_per_s']:,.0f}" if ttft is not None else "-"]
         row.append("yes" if c["meets_limits"] else "; ".join(c["why_not"]))
         rows.append(row)
-    header = ["mode", "layout", "batch", "req/s", f"TTFT {stat} ms", "TPOT ms", "tokens/s", "tokens/s/GPU",
+    header = ["mode", "layout", "batch", "req/s", f"TTFT {stat} ms", f"TPOT {stat} ms", "tokens/s", "tokens/s/GPU",
               "tokens/s/user"]
     if verified:
         header += ["sim TTFT", "sim TPOT", "sim tokens/s"]
     table = format_table(header + ["meets limits"], rows)
+    head += f"\n{r['lengths']}"
     if r["best"]:
         b = r["best"]
         tail = (f"best: {b['mode']} {_layout_text(b)}: {b['output_tokens_per_s']:,.0f} output tokens/s "
                 f"({b['output_tokens_per_s_per_gpu']:,.0f} per GPU) at {b['request_rate']:.2f} requests/s, "
-                f"TTFT {stat} {b['ttft_ms'][stat]:.1f} ms, TPOT {b['tpot_ms']:.2f} ms, "
+                f"TTFT {stat} {b['ttft_ms'][stat]:.1f} ms, TPOT {stat} "
+                f"{(b.get('tpot_stats_ms') or {}).get(stat, b['tpot_ms']):.2f} ms, "
                 f"{b['batch_size']:.0f} running")
+        pct = b.get("tpot_stats_ms") or {}
+        if pct:
+            tail += ("\n      TTFT p50 / p90 / p99 " + " / ".join(f"{b['ttft_ms'][k]:.1f}" for k in ("p50", "p90", "p99"))
+                     + " ms, TPOT p50 / p90 / p99 " + " / ".join(f"{pct[k]:.2f}" for k in ("p50", "p90", "p99"))
+                     + " ms" + (f", {b['queue_ms']:.1f} ms mean wait for a slot" if b.get("queue_ms", 0) >= 0.05
+                                else ""))
     else:
         tail = f"no feasible layout: {r['why_no_feasible_layout']}"
-    notes = sorted({n for c in r["candidates"][:1] for n in c["notes"]})
+    notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
+                    "priced" in n})
     refused = [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
     return "\n".join([head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
 
@@ -343,8 +376,14 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=positive_int, default=None,
                    help="nodes the GPUs span (the profile's gpus_per_node each); collectives across nodes are "
                         "priced on its scale-out network")
-    p.add_argument("--input-length", type=positive_int, required=True, help="prompt tokens per request")
-    p.add_argument("--output-length", type=positive_int, required=True, help="generated tokens per request")
+    p.add_argument("--input-length", type=positive_int, default=None, help="prompt tokens per request")
+    p.add_argument("--output-length", type=positive_int, default=None, help="generated tokens per request")
+    p.add_argument("--lengths-file", default=None, metavar="FILE",
+                   help="per-request lengths instead of fixed ones: a CSV (header with input_length, "
+                        "output_length) or JSONL file, or a bundled set (" + ", ".join(bundled_sets()) + ")")
+    p.add_argument("--num-requests", type=positive_int, default=None, metavar="N",
+                   help="a finite run of N requests: alone, all sent at once (as vllm bench serve does); with "
+                        "--request-rate, N arrivals at that rate; its throughput includes ramp-up and tail")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--request-rate", type=typed(_positive_float), default=None, metavar="R",
                       help="open-loop load: R requests/s over the whole deployment")
@@ -365,7 +404,7 @@ def main(argv=None) -> int:
     p.add_argument("--tpot-limit", type=typed(_positive_float), default=None, metavar="MS",
                    help="time-per-output-token limit in ms")
     p.add_argument("--limit-stat", default="mean", choices=STATS,
-                   help="TTFT statistic the limit applies to (default mean)")
+                   help="the TTFT and TPOT statistic the limits apply to, over requests (default mean)")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
                    help="tokens per engine step (the chunked-prefill budget; default: the engine's)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None,
