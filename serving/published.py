@@ -25,7 +25,9 @@ from cost.profile import load_profile
 from tracer.model_source import bundled_models, resolve_model
 from tracer.work import TraceOptions
 
+from .capacity import OUTPUT_KV_SHARE
 from .engine_flags import stated_settings
+from .lengths import bundled
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
 from .step_cost import StepCost
 
@@ -83,6 +85,7 @@ class PublishedRun:
     mode: str = ""
     percentiles: dict = field(default_factory=dict)  # {"ttft_ms": {"p99": ..}, "tpot_ms": {...}} as measured
     latency_limits: dict = field(default_factory=dict)   # MLPerf's p99 limits, {"ttft_ms": 2000, "tpot_ms": 200}
+    lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
 
 
 def _engine(text: str) -> str | None:
@@ -124,6 +127,9 @@ def _declares_quantization(model: str) -> bool:
     return bool(config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config"))
 
 
+# the datasets whose per-request lengths tracecost bundles (serving/data/length_sets.json); outputs are scaled
+# to the run's own mean (the summaries hold the dataset's reference outputs, the runs generate their own)
+DATASET_LENGTHS = {"MLPerf llama2-70b": "mlperf-llama2-70b", "MLPerf mixtral-8x7b": "mlperf-mixtral-8x7b"}
 _MLPERF_LIMITS = {  # scenario p99 limits (ms) by benchmark, from MLPerf Inference's rules
     ("llama-2-70b", "Server"): {"ttft_ms": 2000.0, "tpot_ms": 200.0},
     ("llama-2-70b", "Interactive"): {"ttft_ms": 450.0, "tpot_ms": 40.0},
@@ -198,7 +204,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         max(1, round(r["isl"])), max(1, round(r["osl"])), _load(r, replicas), flags.memory_fraction, measured,
         "trtllm-bench" in (r.get("engine_flags") or "") or "trtllm-bench" in (r.get("engine") or ""), ep, replicas,
         flags.max_num_seqs, flags.max_batched_tokens, flags.chunked_prefill, r.get("mode", ""), percentiles,
-        _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {})
+        _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {},
+        next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None))
     return run, None
 
 
@@ -253,7 +260,8 @@ class Predictor:
             kv_tokens = cost.replica_memory(d.max_batched_tokens, run.memory_fraction).kv_tokens
             seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
         kv_tokens = cost.replica_memory(tokens, run.memory_fraction).kv_tokens
-        return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl)
+        return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl,
+                      output_kv_share=OUTPUT_KV_SHARE[run.engine])
 
     def predict(self, run: PublishedRun, overheads: ServingOverheads | None = None) -> tuple[dict, SteadyState]:
         cost = self.cost(run)
@@ -261,8 +269,9 @@ class Predictor:
         if overheads is not None:
             cost.overheads = overheads
         try:
+            lengths = bundled(run.lengths).scaled(run.osl) if run.lengths else None
             state = solve(cost.steady, run.isl, run.osl, 0, run.load, self.limits(run, cost),
-                          cost.overheads.request_ms * 1e-3)
+                          cost.overheads.request_ms * 1e-3, lengths=lengths)
         finally:
             cost.overheads = fitted
         pred = {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
@@ -285,8 +294,7 @@ def rate_within_limits(predictor: Predictor, run: PublishedRun, limits: dict | N
             _, state = predictor.predict(trial)
         except (ValueError, RuntimeError):
             return False
-        tpot_p99 = (state.tpot_quantiles_s or {}).get("p99", state.tpot_s) if hasattr(state, "tpot_quantiles_s") \
-            else state.tpot_s
+        tpot_p99 = (state.tpot_q_s or {}).get("p99", state.tpot_s)
         return state.stable and state.ttft_s["p99"] * 1e3 <= limits["ttft_ms"] and \
             tpot_p99 * 1e3 <= limits["tpot_ms"]
 
