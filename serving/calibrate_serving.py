@@ -22,6 +22,7 @@ import datetime
 import json
 import math
 import re
+import shlex
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -269,8 +270,9 @@ def main(argv=None) -> int:
     p.add_argument("files", nargs="+", help="serving measurement files (see the module docstring)")
     p.add_argument("--device", required=True, help="profile to calibrate (bundled name or .json path)")
     p.add_argument("--engine", required=True, choices=list(ENGINES), help="the engine the runs used")
-    p.add_argument("--fit-on", metavar="TEXT", help="fit the rows whose id or engine version contains TEXT; report "
-                                                    "the others as held out (default: fit every row)")
+    p.add_argument("--fit-on", metavar="TEXT", help="fit the rows whose id or engine version contains TEXT (or one "
+                                                    "of several, comma-separated); report the others as held out "
+                                                    "(default: fit every row)")
     p.add_argument("--overheads", default="auto", help="engine overheads to fit, comma-separated ServingOverheads "
                                                        "fields, 'none', or 'auto' (step_us, seq_us; gpu_sync_us "
                                                        "when the rows span several TP sizes)")
@@ -315,7 +317,8 @@ def run(args, argv: list[str]) -> int:
     hw = load_profile(args.device)
     rows = usable_rows(load_files(args.files, facts), hw, args.engine, log)
     if args.fit_on:
-        fit_rows = [m for m in rows if args.fit_on in m.id or args.fit_on in m.engine_version]
+        texts = [t.strip() for t in args.fit_on.split(",") if t.strip()]
+        fit_rows = [m for m in rows if any(t in m.id or t in m.engine_version for t in texts)]
         held = [m for m in rows if m not in fit_rows]
     else:
         fit_rows, held = rows, []
@@ -347,8 +350,9 @@ def run(args, argv: list[str]) -> int:
              f"{math.sqrt(mse):.3f}"]
     docs = {**DeviceScaling.describe(), **ServingOverheads.describe()}
     for n, v, s, lo, hi in zip(fit.names, values, std, fit.lo, fit.hi):
-        edge = " (at its bound)" if min(v - lo, hi - v) < 1e-3 * (hi - lo) else ""
-        lines.append(f"  {n:<10} {v:10.4g} +- {s:<9.3g} in [{lo:g}, {hi:g}]{edge}: {docs[n]}")
+        at_edge = min(v - lo, hi - v) < 1e-3 * (hi - lo)
+        error = "at its bound" if at_edge else f"+- {s:.3g}"
+        lines.append(f"  {n:<12} {v:10.4g} {error:<14} in [{lo:g}, {hi:g}]: {docs[n]}")
     if note:
         lines.append(f"  note: {note}")
     if fit_device:
@@ -359,7 +363,8 @@ def run(args, argv: list[str]) -> int:
         lines += error_table(f"held-out rows ({len(held)}, not fitted), before:", errors_by_group(before, held))
         lines += error_table("  after:", errors_by_group(after, held))
     print("\n".join(lines))
-    source = {"command": " ".join(argv),
+    source = {"command": shlex.join(argv).replace("'python -m cost.calibrate --from-serving'",
+                                                   "python -m cost.calibrate --from-serving"),
               "files": [Path(f).name for f in args.files], "fitted_rows": [m.id for m in fit_rows],
               "held_out_rows": len(held), "date": datetime.date.today().isoformat()}
     held_median = _median([abs(x) for e in errors_by_group(after, held).values() for x in e]) if held else None
@@ -367,7 +372,10 @@ def run(args, argv: list[str]) -> int:
                f"runs ({', '.join(sorted({release(m) for m in fit_rows}))})"
                + (f"; held-out median error {held_median * 100:.1f}% over {len(held)} rows" if held else ""))
     before_mse = float(np.mean([x * x for m in fit_rows for x in log_errors(before.predict(m), m)]))
-    return write(args, hw, scaling, overheads, dict(zip(fit.names, std)), fit_device, source, summary, note,
+    # a value at its bound has no standard error from the Jacobian: the data push it past its physical range
+    at_bound = [n for n, v, lo, hi in zip(fit.names, values, fit.lo, fit.hi) if min(v - lo, hi - v) < 1e-3 * (hi - lo)]
+    errors = {n: (None if n in at_bound else s) for n, s in zip(fit.names, std)}
+    return write(args, hw, scaling, overheads, errors, at_bound, fit_device, source, summary, note,
                  mse <= before_mse, log)
 
 
@@ -393,8 +401,8 @@ def implied_fractions(fitted_hw: HardwareProfile, rows) -> list[str]:
     return out
 
 
-def write(args, hw, scaling, overheads, std, fit_device, source, summary, note, better, log) -> int:
-    rounded = {k: round(float(v), 4) for k, v in std.items()}
+def write(args, hw, scaling, overheads, std, at_bound, fit_device, source, summary, note, better, log) -> int:
+    rounded = {k: (None if v is None else round(float(v), 4)) for k, v in std.items()}
     o_json = {f.name: round(getattr(overheads, f.name), 4) for f in fields(ServingOverheads)}
     if args.overheads_output:
         Path(args.overheads_output).write_text(json.dumps(
@@ -406,6 +414,8 @@ def write(args, hw, scaling, overheads, std, fit_device, source, summary, note, 
                "std_error": {k: v for k, v in rounded.items() if k in scaling.fitted_names()},
                "overheads": o_json, "overheads_std_error": {k: v for k, v in rounded.items() if k in o_json},
                "source": source}
+    if at_bound:
+        section["at_bound"] = at_bound
     if note:
         section["note"] = note
     bundled = profiles_dir() / f"{hw.key}.json"
