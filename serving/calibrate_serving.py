@@ -144,8 +144,7 @@ class Fit:
         self.device_names = DeviceScaling.fitted_names() if fit_device else []
         self.overhead_names = list(overhead_names)
         self.start_overheads = start_overheads
-        start_scaling = current_scaling(hw) if fit_device else DeviceScaling()
-        self.start_scaling = start_scaling
+        self.start_scaling = DeviceScaling()
         bounds = {**{n: f.metadata["bounds"] for f in fields(DeviceScaling) for n in [f.name]},
                   **{n: f.metadata["bounds"] for f in fields(ServingOverheads) for n in [f.name]}}
         self.names = self.device_names + self.overhead_names
@@ -195,11 +194,6 @@ class Fit:
         except np.linalg.LinAlgError:
             std = np.full(len(u), np.inf)
         return self.lo + u * (self.hi - self.lo), std, float(r @ r) / max(1, len(r))
-
-
-def current_scaling(hw: HardwareProfile) -> DeviceScaling:
-    fit = (hw.engines_data or {}).get("serving_fit")
-    return DeviceScaling.from_json(fit["params"], "serving_fit.params") if fit else DeviceScaling()
 
 
 def with_scaling(hw: HardwareProfile, scaling: DeviceScaling, tag: str) -> HardwareProfile:
@@ -332,7 +326,7 @@ def run(args, argv: list[str]) -> int:
     filled = sorted({f for m in rows for f in m.filled})
     if filled:
         log(f"taken from flags, not the files: {', '.join(filled)}")
-    start, origin = serving_overheads_start(hw, args.engine)
+    start, origin = serving_overheads_start(args.engine)
     note = ""
     tps = {m.tp for m in fit_rows}
     if "step_us" in names and "gpu_sync_us" not in names and len(tps) == 1 and max(tps) > 1:
@@ -379,11 +373,10 @@ def run(args, argv: list[str]) -> int:
                  mse <= before_mse, log)
 
 
-def serving_overheads_start(hw: HardwareProfile, engine: str) -> tuple[ServingOverheads, str]:
+def serving_overheads_start(engine: str) -> tuple[ServingOverheads, str]:
+    """The bundled overheads: every fit starts from them and from the donor's unscaled kernel models, not from the
+    profile's current fit, so the command stored with a fit reproduces it."""
     from cost.engines import serving_overheads
-    on_device = hw.serving_fit_overheads(engine)
-    if on_device:
-        return ServingOverheads.from_json(on_device[0], "serving_fit.overheads"), "this device's serving fit"
     params, origin = serving_overheads(engine)
     return params, f"the bundled {ENGINES[engine].label} overheads ({origin[:60]}...)"
 

@@ -123,7 +123,7 @@ def test_profile_serving_fit_section():
                                                                                          "kernel_us": 2.0}}}
     hw = parse_profile(data, "mi300x-test", "mi300x-test.json")
     cal, donor = hw.engine("vllm"), load_profile("h100").engine("vllm")
-    assert "scaled by test fit" in cal.origin and "H100" in cal.origin
+    assert "scaled to this device (test fit)" in cal.origin and "H100" in cal.origin
     assert cal.gemm["fp8"].compute == pytest.approx(donor.gemm["fp8"].compute * 0.5)
     assert cal.decode_attention["fp8"].memory == pytest.approx(donor.decode_attention["fp8"].memory * 0.9)
     assert cal.allreduce["custom"][8].latency_us == pytest.approx(donor.allreduce["custom"][8].latency_us + 2.0)

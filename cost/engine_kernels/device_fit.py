@@ -64,7 +64,7 @@ def scale_calibration(cal: EngineCalibration, s: DeviceScaling, origin: str) -> 
     """Every kernel model of `cal` scaled by `s`; `origin` says where the scaling comes from."""
     def each(d):
         return {k: scale_params(v, s) for k, v in d.items()}
-    return replace(cal, origin=f"{cal.origin}, scaled by {origin}",
+    return replace(cal, origin=f"{cal.origin}, scaled to this device ({origin})",
                    gemm=each(cal.gemm), moe=each(cal.moe), prefill_attention=each(cal.prefill_attention),
                    decode_attention=each(cal.decode_attention),
                    quant=scale_params(cal.quant, s) if cal.quant else None,
