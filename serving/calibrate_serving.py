@@ -145,8 +145,7 @@ class Fit:
         self.overhead_names = list(overhead_names)
         self.start_overheads = start_overheads
         self.start_scaling = DeviceScaling()
-        bounds = {**{n: f.metadata["bounds"] for f in fields(DeviceScaling) for n in [f.name]},
-                  **{n: f.metadata["bounds"] for f in fields(ServingOverheads) for n in [f.name]}}
+        bounds = {f.name: f.metadata["bounds"] for f in fields(DeviceScaling) + fields(ServingOverheads)}
         self.names = self.device_names + self.overhead_names
         self.lo = np.array([bounds[n][0] for n in self.names], float)
         self.hi = np.array([bounds[n][1] for n in self.names], float)
@@ -185,6 +184,7 @@ class Fit:
         from scipy.optimize import least_squares
         result = least_squares(self.residuals, self.start(), bounds=(0.0, 1.0), diff_step=0.01, x_scale=0.1,
                                max_nfev=40, verbose=0)
+        self.log(f"least squares: {result.nfev} evaluations ({result.message})")
         u, r, jac = result.x, result.fun, result.jac
         dof = max(1, len(r) - len(u))
         s2 = float(r @ r) / dof
@@ -318,9 +318,10 @@ def run(args, argv: list[str]) -> int:
         fit_rows, held = rows, []
     names = _overhead_names(args.overheads, fit_rows)
     fit_device = device_fit_applies(hw)
-    if len(fit_rows) < len(names) + (len(DeviceScaling.fitted_names()) if fit_device else 0) + 1:
-        raise ValueError(f"{len(fit_rows)} usable rows to fit{' (--fit-on ' + args.fit_on + ')' if args.fit_on else ''}"
-                         f": too few for {len(names) + (len(DeviceScaling.fitted_names()) if fit_device else 0)} parameters")
+    count = len(names) + (len(DeviceScaling.fitted_names()) if fit_device else 0)
+    if len(fit_rows) <= count:
+        where = f" (--fit-on {args.fit_on})" if args.fit_on else ""
+        raise ValueError(f"{len(fit_rows)} usable rows to fit{where}: too few for {count} parameters")
     if not names and not fit_device:
         raise ValueError(f"{hw.key} has its own kernel tables and --overheads none leaves nothing to fit")
     filled = sorted({f for m in rows for f in m.filled})
@@ -388,8 +389,9 @@ def implied_fractions(fitted_hw: HardwareProfile, rows) -> list[str]:
         cal = fitted_hw.engine(rows[0].engine)
         if fmt in cal.gemm:
             g = cal.gemm[fmt]
-            out.append(f"  {fmt} GEMMs on {fitted_hw.name}: {g.compute:.2f} of the {fitted_hw.matrix_tflops.get(fmt, 0):g}"
-                       f" TFLOPS peak, {g.memory:.2f} of {fitted_hw.memory_bandwidth_gbps:g} GB/s, "
+            peak = fitted_hw.matrix_tflops.get(fmt, 0)
+            out.append(f"  {fmt} GEMMs on {fitted_hw.name}: {g.compute:.2f} of the {peak:g} TFLOPS peak, "
+                       f"{g.memory:.2f} of {fitted_hw.memory_bandwidth_gbps:g} GB/s, "
                        f"{g.fixed_us:.1f} us per call")
     return out
 
@@ -402,6 +404,8 @@ def write(args, hw, scaling, overheads, std, at_bound, fit_device, source, summa
             {args.engine: {"origin": summary + (f"; {note}" if note else ""), "params": o_json}}, indent=1) + "\n")
         log(f"wrote {args.overheads_output}")
     if not fit_device:
+        if not args.overheads_output:
+            log("nothing written: the device has its own kernel tables; --overheads-output FILE keeps the overheads")
         return 0
     section = {"origin": summary, "engine": args.engine, "params": scaling.to_json(),
                "std_error": {k: v for k, v in rounded.items() if k in scaling.fitted_names()},
