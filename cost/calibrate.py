@@ -2,6 +2,7 @@
 
     python -m cost.calibrate ../shared/measurements/h200 [--profile h200] [--output F | --write-profile]
     python -m cost.calibrate --kernel-db DIR --system h100_sxm --engine vllm [--output F | --write-profile]
+    python -m cost.calibrate --from-serving FILE... --device mi300x --engine vllm   (serving/calibrate_serving.py)
 
 The engine path is `cost/calibrate_engine.py`. What follows is the HF eager fit:
 
@@ -288,6 +289,12 @@ def write_result(hw: HardwareProfile, section: str, value: dict, args, compariso
 
 @quiet_broken_pipe
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--from-serving" in argv:
+        # fitting to end-to-end runs needs the serving predictor, a layer above cost/: imported only on this path
+        from serving.calibrate_serving import main as from_serving
+        argv.remove("--from-serving")
+        return from_serving(argv)
     p = ArgumentParser(prog="python -m cost.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("measurements", nargs="?", help="HF-eager measurements: folder with microbench.json, "
                                                    "scenarios.json and model_configs.json")

@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 from .engine_kernels import CollectiveCurve, EngineCalibration, parse_calibration
+from .engine_kernels.device_fit import parse_serving_fit, scale_calibration
 from .engines import DEFAULT_ENGINE, ENGINES
 from .profile_schema import ProfileFile, ProfileSchemaError, validate_efficiency, validate_profile
 
@@ -127,6 +128,14 @@ class HardwareProfile:
         raise ProfileError(f"{self.path or self.name}: no engine kernel calibration (add an 'engines' section "
                            f"or \"engines\": {{\"from\": \"h100\"}})")
 
+    def serving_fit_overheads(self, engine: str) -> tuple[dict, str] | None:
+        """The engine overheads fitted together with this device's kernel scaling (`engines.serving_fit`: the engine
+        on that cluster's hosts), as (ServingOverheads fields, origin); None when the fit holds none for `engine`."""
+        fit = (self.engines_data or {}).get("serving_fit") or {}
+        if fit.get("engine") == engine and isinstance(fit.get("overheads"), dict):
+            return fit["overheads"], str(fit.get("origin", "a serving fit"))
+        return None
+
     def matrix_peak(self, dtype: str) -> float:
         """FLOP/s of the matrix units for dtype; a dtype the chip lacks is an error, never zero."""
         if dtype not in self.matrix_tflops:
@@ -198,7 +207,8 @@ def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
         raise ProfileError(f"{where}: field 'engines' must be an object")
     if "from" in raw:
         parent = _parent(raw["from"], where, "engines", seen)
-        return {name: _inherit(cal, parent) for name, cal in parent.engine_calibrations(seen).items()}
+        return {name: _scaled(_inherit(cal, parent), raw, where, "engines")
+                for name, cal in parent.engine_calibrations(seen).items()}
     out: dict[str, EngineCalibration] = {}
     for name, body in raw.items():
         if name not in ENGINES:
@@ -207,7 +217,7 @@ def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
             raise ProfileError(f"{where}: field 'engines.{name}' must be an object")
         if "from" in body:
             parent = _parent(body["from"], where, f"engines.{name}", seen)
-            out[name] = _inherit(parent.engine(name), parent)
+            out[name] = _scaled(_inherit(parent.engine(name), parent), body, where, f"engines.{name}")
             continue
         try:
             out[name] = parse_calibration(name, body, f"engines.{name}")
@@ -226,6 +236,17 @@ def _parent(name, where: str, field_name: str, seen: tuple) -> "HardwareProfile"
     if name in seen:
         raise ProfileError(f"{where}: '{field_name}.from' loops through {name}")
     return load_profile(name)
+
+
+def _scaled(cal: EngineCalibration, raw: dict, where: str, field_name: str) -> EngineCalibration:
+    """An inherited calibration scaled by the section's `serving_fit`, if it has one."""
+    if raw.get("serving_fit") is None:
+        return cal
+    try:
+        scaling, origin = parse_serving_fit(raw["serving_fit"], f"{field_name}.serving_fit")
+    except ValueError as e:
+        raise ProfileError(f"{where}: {e}") from None
+    return scale_calibration(cal, scaling, origin)
 
 
 def _inherit(cal: EngineCalibration, parent: "HardwareProfile") -> EngineCalibration:

@@ -105,6 +105,12 @@ class Inherited(_Section):
     from_: StrictStr = Field(alias="from", min_length=1)
 
 
+class InheritedEngines(Inherited):
+    """{"from": PROFILE, "serving_fit": {...}}: another profile's engine models, optionally scaled by a fit on
+    end-to-end serving runs (cost/engine_kernels/device_fit.py; its values are checked there)."""
+    serving_fit: dict[StrictStr, Any] | None = None
+
+
 class Topology(_Section):
     """A way the same GPUs may be joined in a server other than the one the engine curves were measured on."""
     description: StrictStr = Field(min_length=1)
@@ -170,7 +176,7 @@ def validate_engines(data, where: str) -> None:
     if not isinstance(data, dict):
         raise ProfileSchemaError(f"{where}: field 'engines': must be an object")
     if "from" in data:
-        _validate(Inherited, data, where, "engines")
+        _validate(InheritedEngines, data, where, "engines")
         return
     for name, body in data.items():
         if name not in ENGINES:
@@ -179,7 +185,7 @@ def validate_engines(data, where: str) -> None:
         if not isinstance(body, dict):
             raise ProfileSchemaError(f"{where}: field 'engines.{name}': must be an object")
         if "from" in body:
-            _validate(Inherited, body, where, f"engines.{name}")
+            _validate(InheritedEngines, body, where, f"engines.{name}")
         else:
             for section, value in body.items():
                 if section not in ("origin", "release") and not isinstance(value, dict):

@@ -39,16 +39,26 @@ DEV_SET = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e
 RELEASE_TERMS = ("step_us", "seq_us", "gpu_sync_us", "request_ms")
 
 
+_POOL: dict = {}     # a fork pool whose workers keep their own warm Predictor (set by main --jobs)
+
+
+def _row_errors(job) -> list[tuple[str, float]]:
+    run, params = job
+    try:
+        pred, _ = _POOL["predictor"].predict(run, params)
+    except (ValueError, RuntimeError):
+        return []
+    return [(m, abs(math.log(pred[m] / v))) for m, v in run.measured.items() if pred.get(m, 0) > 0 and v > 0]
+
+
 def loss(runs: list[PublishedRun], predictor: Predictor, params: ServingOverheads) -> float:
     per_metric: dict[str, list[float]] = defaultdict(list)
-    for run in runs:
-        try:
-            pred, _ = predictor.predict(run, params)
-        except (ValueError, RuntimeError):
-            continue
-        for m, v in run.measured.items():
-            if pred.get(m, 0) > 0 and v > 0:
-                per_metric[m].append(abs(math.log(pred[m] / v)))
+    _POOL.setdefault("predictor", predictor)
+    jobs = [(run, params) for run in runs]
+    pool = _POOL.get("pool")
+    for errors in (pool.map(_row_errors, jobs, chunksize=8) if pool else map(_row_errors, jobs)):
+        for m, e in errors:
+            per_metric[m].append(e)
     parts = [sum(v) / len(v) for v in per_metric.values() if v]
     return sum(parts) / len(parts) if parts else float("inf")
 
@@ -90,7 +100,7 @@ def split(runs: list[PublishedRun], fraction: float, seed: int) -> tuple[list, l
 
 
 def fit_releases(runs: list[PublishedRun], predictor: Predictor, fraction: float, seed: int, demand: float,
-                 rounds: int = 3, log=print) -> dict:
+                 rounds: int = 3, log=print, start: ServingOverheads | None = None) -> dict:
     by_release: dict[str, list[PublishedRun]] = defaultdict(list)
     for run in runs:
         if run.release is not None:
@@ -98,7 +108,7 @@ def fit_releases(runs: list[PublishedRun], predictor: Predictor, fraction: float
     parts = {rel: split(rs, fraction, seed) for rel, rs in by_release.items() if len(rs) >= 4}
     fit_rows = [r for f, _ in parts.values() for r in f]
     log(f"shared fit on {len(fit_rows)} rows of releases {', '.join(sorted(parts, key=release_key))}")
-    shared, _ = coordinate_search(fit_rows, predictor, ServingOverheads(),
+    shared, _ = coordinate_search(fit_rows, predictor, start or ServingOverheads(),
                                   [f.name for f in fields(ServingOverheads)], rounds, log)
     releases = {}
     for rel in sorted(parts, key=release_key):
@@ -120,6 +130,13 @@ def fit_releases(runs: list[PublishedRun], predictor: Predictor, fraction: float
             "releases": releases}
 
 
+def _current_shared(engine: str) -> ServingOverheads | None:
+    """The bundled fit's shared overheads, where the engine has its own: the search starts there."""
+    entry = json.loads((resources.files("cost") / "engine_serving.json").read_text()).get(engine) or {}
+    shared = (entry.get("shared") or {}).get("params")
+    return ServingOverheads.from_json(shared, f"engine_serving.json:{engine}") if shared else None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m serving.calibrate_overheads", description=__doc__.split("\n")[0])
     p.add_argument("--data", nargs="+", default=sorted(str(f) for f in DEV_SET.glob("*.jsonl")),
@@ -130,6 +147,7 @@ def main(argv=None) -> int:
     p.add_argument("--demand", type=float, default=0.02,
                    help="loss a release's own term must remove to be kept (default 0.02)")
     p.add_argument("--rounds", type=int, default=3, help="coordinate-search rounds (default 3)")
+    p.add_argument("--jobs", type=int, default=1, help="processes pricing rows in parallel (default 1)")
     p.add_argument("--output", default="engine_serving.fitted.json", help="where to write (without --write)")
     p.add_argument("--write", action="store_true", help="store the fit in the bundled cost/engine_serving.json")
     args = p.parse_args(argv)
@@ -147,7 +165,16 @@ def main(argv=None) -> int:
         print(f"error: {len(runs)} {args.engine} rows on devices with its kernel fits: too few to fit", file=sys.stderr)
         return 2
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
-    result = fit_releases(runs, Predictor(), args.fit_fraction, args.seed, args.demand, args.rounds, log)
+    predictor = _POOL["predictor"] = Predictor()
+    if args.jobs > 1:
+        from multiprocessing import get_context
+        _POOL["pool"] = get_context("fork").Pool(args.jobs)
+    try:
+        result = fit_releases(runs, predictor, args.fit_fraction, args.seed, args.demand, args.rounds, log,
+                              _current_shared(args.engine))
+    finally:
+        if "pool" in _POOL:
+            _POOL.pop("pool").terminate()
     if not result["releases"]:
         print(f"error: no release of {args.engine} has 4 rows that name it", file=sys.stderr)
         return 2

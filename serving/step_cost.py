@@ -39,6 +39,10 @@ class StepCost:
         self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         if execution == ENGINE:
             fitted, self.overhead_origin = serving_overheads(engine, release)
+            on_device = hw.serving_fit_overheads(engine)
+            if on_device:   # fitted with this device's kernel scaling on its own cluster (serving/calibrate_serving.py)
+                fitted = ServingOverheads.from_json(on_device[0], f"{hw.path}: engines.serving_fit.overheads")
+                self.overhead_origin = f"fitted on this device: {on_device[1]}"
             self.overheads = overheads or fitted
         else:   # HF eager pays its host time inside each step already
             self.overheads, self.overhead_origin = ServingOverheads(0, 0, 0, 0, 0), "none (eager execution)"

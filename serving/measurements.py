@@ -1,0 +1,291 @@
+"""End-to-end serving measurements from the files benchmarks write, each parsed to one typed record.
+
+    vllm bench serve --save-result       (vllm/benchmarks/serve.py: model_id, num_prompts, request_rate ("inf"),
+                                          max_concurrency, completed, total_input/output_tokens, duration,
+                                          output_throughput, mean_ttft_ms, mean_tpot_ms, ...)
+    benchmark_latency.py --output-json   (avg_latency in s, latencies, percentiles: no model, batch or lengths)
+    benchmark_throughput.py --output-json (elapsed_time, num_requests, total_num_tokens, requests_per_second,
+                                          tokens_per_second: prompt + output tokens; no model or lengths)
+    mlperf_log_summary.txt               (loadgen's summary: Scenario, Samples/Tokens per second, "Mean First Token
+                                          latency (ns)", "Mean Time per Output Token (ns)", target_qps)
+    development-set rows (*.jsonl)       (../shared/measurements/e2e/README.md)
+
+A file that does not say the model, GPU, TP, formats, lengths or batch of its run takes them from `RunFacts`
+(the CLI's flags); each record lists the fields so filled, and a field neither gives is a one-line error.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+# the load a run put on the engine
+BATCH, MAX, RATE, CONCURRENCY = "batch", "max", "rate", "concurrency"
+# development-set GPU names -> bundled profiles
+GPUS = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100", "L40S-48GB": "l40s",
+        "B200-SXM-180GB": "b200", "MI300X-192GB": "mi300x", "RTX4090-24GB": "rtx4090"}
+ENGINES = {"tensorrt-llm": "trtllm", "trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
+
+
+class MeasurementError(ValueError):
+    """A file that cannot be read as a serving measurement; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Launch flags that change what the engine does; None: the engine's default."""
+    max_num_seqs: int | None = None
+    max_batched_tokens: int | None = None
+    chunked_prefill: bool | None = None
+    memory_fraction: float | None = None      # vLLM --gpu-memory-utilization
+    scheduler_steps: int = 1                  # vLLM --num-scheduler-steps: one schedule per this many decode steps
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the user says about the runs (CLI flags): fills what a file does not state."""
+    model: str | None = None
+    device: str | None = None
+    engine: str | None = None
+    tp: int | None = None
+    dtype: str | None = None
+    kv_dtype: str | None = None
+    isl: float | None = None
+    osl: float | None = None
+    batch_size: int | None = None
+    engine_flags: str | None = None
+
+
+@dataclass(frozen=True)
+class ServingMeasurement:
+    id: str
+    source: str                  # the file (and line) it came from
+    format: str                  # which parser read it
+    model: str
+    device: str
+    engine: str
+    engine_version: str
+    dtype: str
+    kv_dtype: str | None
+    tp: int
+    isl: float
+    osl: float
+    load: str                    # batch | max | rate | concurrency
+    load_value: float = 0.0      # batch size, requests queued (0: unbounded), requests/s, or users
+    settings: EngineSettings = EngineSettings()
+    measured: dict = field(default_factory=dict)   # output_tok_s, ttft_ms, tpot_ms, e2e_latency_ms (means)
+    filled: tuple[str, ...] = ()                    # fields taken from RunFacts, not from the file
+
+
+def parse_engine_flags(text: str | None) -> EngineSettings:
+    """The flags of a vLLM launch or benchmark command line that tracecost models."""
+    text = text or ""
+
+    def value(flag):
+        m = re.search(rf"--{flag}[= ]\s*([^\s$]+)", text)
+        return m.group(1) if m else None
+
+    seqs, tokens, chunked = value("max-num-seqs"), value("max-num-batched-tokens"), value("enable-chunked-prefill")
+    memory, steps = value("gpu-memory-utilization"), value("num-scheduler-steps")
+    number = re.compile(r"^[0-9.]+$")
+    chunk = None
+    if chunked is not None:
+        chunk = chunked.lower() not in ("false", "0", "no")
+    elif re.search(r"--(no-)?enable-chunked-prefill\b", text):
+        chunk = "--no-enable-chunked-prefill" not in text
+    return EngineSettings(int(seqs) if seqs and number.match(seqs) else None,
+                          int(tokens) if tokens and number.match(tokens) else None, chunk,
+                          float(memory) if memory and number.match(memory) else None,
+                          int(steps) if steps and number.match(steps) else 1)
+
+
+def _number(data: dict, key: str, where: str, required: bool = True) -> float | None:
+    v = data.get(key)
+    if v is None:
+        if required:
+            raise MeasurementError(f"{where}: no '{key}'")
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise MeasurementError(f"{where}: '{key}' must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _record(where: str, fmt: str, stated: dict, facts: RunFacts, measured: dict, load: str, load_value: float,
+            idx: str = "") -> ServingMeasurement:
+    """One record from what the file states, the rest from `facts`; a field neither gives is an error."""
+    values, filled = {}, []
+    for name in ("model", "device", "engine", "tp", "dtype", "kv_dtype", "isl", "osl"):
+        v = stated.get(name)
+        if v is None and getattr(facts, name) is not None:
+            v = getattr(facts, name)
+            filled.append(name)
+        values[name] = v
+    values["dtype"] = values["dtype"] or "bf16"
+    values["engine"] = values["engine"] or "vllm"
+    values["tp"] = values["tp"] or 1
+    for name, flag in (("model", "--model"), ("device", "--device"), ("isl", "--isl"), ("osl", "--osl")):
+        if values[name] is None:
+            raise MeasurementError(f"{where}: the file does not say the run's {name}; pass {flag}")
+    if values["engine"] not in ENGINES.values():
+        raise MeasurementError(f"{where}: engine '{values['engine']}' has no kernel models (vllm, sglang, trtllm)")
+    if load == BATCH and not load_value:
+        raise MeasurementError(f"{where}: the file does not say the batch size; pass --batch-size")
+    settings_text = stated.get("engine_flags") or facts.engine_flags
+    if stated.get("engine_flags") is None and facts.engine_flags:
+        filled.append("engine_flags")
+    name = Path(where.split(":")[0]).name
+    return ServingMeasurement(id=stated.get("id") or f"{name}{idx}", source=where, format=fmt,
+                              engine_version=stated.get("engine_version") or "", load=load, load_value=load_value,
+                              settings=parse_engine_flags(settings_text), measured=measured, filled=tuple(filled),
+                              **{k: values[k] for k in ("model", "device", "engine", "dtype", "kv_dtype")},
+                              tp=int(values["tp"]), isl=float(values["isl"]), osl=float(values["osl"]))
+
+
+def parse_vllm_serve(data: dict, where: str, facts: RunFacts) -> list[ServingMeasurement]:
+    done = _number(data, "completed", where)
+    if not done:
+        raise MeasurementError(f"{where}: no completed requests")
+    isl, osl = _number(data, "total_input_tokens", where) / done, _number(data, "total_output_tokens", where) / done
+    rate, users = data.get("request_rate"), data.get("max_concurrency")
+    if users:
+        load, value = CONCURRENCY, float(users)
+    elif rate not in (None, "inf") and isinstance(rate, (int, float)) and math.isfinite(rate):
+        load, value = RATE, float(rate)
+    else:     # every prompt sent at once: a finite burst
+        load, value = MAX, float(data.get("num_prompts") or done)
+    measured = {"output_tok_s": _number(data, "output_throughput", where)}
+    for key, name in (("mean_ttft_ms", "ttft_ms"), ("mean_tpot_ms", "tpot_ms"), ("mean_e2el_ms", "e2e_latency_ms")):
+        if data.get(key) is not None:
+            measured[name] = _number(data, key, where)
+    stated = {"model": data.get("model_id"), "isl": isl, "osl": osl, "engine": ENGINES.get(str(data.get("backend")))}
+    return [_record(where, "vllm_serve", stated, facts, measured, load, value)]
+
+
+def parse_vllm_latency(data: dict, where: str, facts: RunFacts) -> list[ServingMeasurement]:
+    latency = _number(data, "avg_latency", where)
+    return [_record(where, "vllm_latency", {}, facts, {"e2e_latency_ms": latency * 1e3}, BATCH,
+                    float(facts.batch_size or 0))]
+
+
+def parse_vllm_throughput(data: dict, where: str, facts: RunFacts) -> list[ServingMeasurement]:
+    requests = _number(data, "num_requests", where)
+    per_s = _number(data, "requests_per_second", where)
+    r = _record(where, "vllm_throughput", {}, facts, {}, MAX, requests)
+    # tokens_per_second counts prompt and output tokens: output tokens/s is requests/s x the output length
+    return [replace(r, measured={"output_tok_s": per_s * r.osl})]
+
+
+def parse_mlperf_summary(text: str, where: str, facts: RunFacts) -> list[ServingMeasurement]:
+    def stat(label):
+        m = re.search(rf"^\s*{re.escape(label)}\s*:\s*([0-9.eE+-]+)\s*$", text, re.M | re.I)
+        return float(m.group(1)) if m else None
+
+    scenario = re.search(r"^\s*Scenario\s*:\s*(\w+)", text, re.M)
+    if not scenario:
+        raise MeasurementError(f"{where}: not an MLPerf summary (no 'Scenario :' line)")
+    scenario = scenario.group(1)
+    if scenario == "Offline":
+        tokens, samples = stat("Tokens per second"), stat("Samples per second")
+        load, value = MAX, 0.0
+    elif scenario in ("Server", "Interactive"):
+        tokens, samples = stat("Completed tokens per second"), stat("Completed samples per second")
+        load, value = RATE, stat("target_qps") or stat("Scheduled samples per second") or 0.0
+        if not value:
+            raise MeasurementError(f"{where}: no target_qps")
+    else:
+        raise MeasurementError(f"{where}: scenario {scenario} is not a serving load (Offline, Server, Interactive)")
+    if not tokens or not samples:
+        raise MeasurementError(f"{where}: no tokens- and samples-per-second lines (an LLM benchmark's summary)")
+    measured = {"output_tok_s": tokens}
+    for label, name in (("Mean First Token latency (ns)", "ttft_ms"), ("Mean Time per Output Token (ns)", "tpot_ms"),
+                        ("Mean Time to Output Token (ns)", "tpot_ms")):
+        if stat(label) is not None:
+            measured[name] = stat(label) * 1e-6
+    # the output length of the run: its tokens over its samples; the prompt length is the dataset's (--isl)
+    stated = {"osl": tokens / samples}
+    return [_record(where, f"mlperf_{scenario.lower()}", stated, facts, measured, load, value)]
+
+
+def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement:
+    mode, measured = r.get("mode"), {}
+    if mode == "offline_batch":
+        load, value = BATCH, float(r.get("batch_size") or 0)
+    elif r.get("request_rate"):
+        load, value = RATE, float(r["request_rate"])
+    elif r.get("concurrency"):
+        load, value = CONCURRENCY, float(r["concurrency"])
+    else:
+        load, value = MAX, float(r.get("num_requests") or 0)
+    for key, name in (("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("itl_ms", "tpot_ms"),
+                      ("e2e_latency_ms", "e2e_latency_ms")):
+        v = (r.get(key) or {}).get("mean") if isinstance(r.get(key), dict) else None
+        if v is not None and name not in measured:
+            measured[name] = float(v)
+    if r.get("output_tok_s") is not None and load != BATCH:   # a batch's tokens/s is derived from its latency
+        measured["output_tok_s"] = float(r["output_tok_s"])
+    engine = next((name for key, name in ENGINES.items() if key in (r.get("engine") or "").lower()), None)
+    stated = {"id": r.get("id"), "model": r.get("model"), "device": GPUS.get(r.get("gpu"), r.get("gpu")),
+              "engine": engine, "engine_version": r.get("engine_version"), "tp": r.get("tp"),
+              "dtype": r.get("precision"), "kv_dtype": r.get("kv_cache_dtype"), "isl": r.get("isl"),
+              "osl": r.get("osl"), "engine_flags": r.get("engine_flags")}
+    return _record(where, "devset", stated, facts, measured, load, value)
+
+
+def _devset(text: str, where: str, facts: RunFacts) -> list[ServingMeasurement]:
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MeasurementError(f"{where}:{i}: not a JSON line ({e.msg})") from None
+        if not isinstance(row, dict) or "source_kind" not in row:
+            raise MeasurementError(f"{where}:{i}: not a development-set row (no 'source_kind')")
+        out.append(parse_devset_row(row, f"{where}:{i}", facts))
+    return out
+
+
+# the keys that identify each JSON a vLLM benchmark writes -> its parser
+JSON_FORMATS = ((("output_throughput", "completed"), parse_vllm_serve),
+                (("avg_latency",), parse_vllm_latency),
+                (("requests_per_second", "elapsed_time"), parse_vllm_throughput))
+
+
+def load_file(path: str, facts: RunFacts = RunFacts()) -> list[ServingMeasurement]:
+    """Every measurement in one file, whatever its format (told by its content)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MeasurementError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    if "MLPerf Results Summary" in text or re.search(r"^\s*Scenario\s*:", text, re.M):
+        return parse_mlperf_summary(text, path, facts)
+    stripped = text.lstrip()
+    if p.suffix == ".jsonl" or (stripped.startswith("{") and "\n{" in stripped.rstrip()):
+        return _devset(text, path, facts)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MeasurementError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise MeasurementError(f"{path}: a benchmark result is a JSON object")
+    for keys, parser in JSON_FORMATS:
+        if all(k in data for k in keys):
+            return parser(data, path, facts)
+    raise MeasurementError(f"{path}: not a vllm bench serve, benchmark_latency or benchmark_throughput result "
+                           f"(keys: {', '.join(sorted(data)[:8])})")
+
+
+def load_files(paths: list[str], facts: RunFacts = RunFacts()) -> list[ServingMeasurement]:
+    out = [m for p in paths for m in load_file(p, facts)]
+    ids = [m.id for m in out]
+    if len(set(ids)) != len(ids):    # several files of one format: ids from file names collide only if repeated
+        raise MeasurementError(f"the same measurement is given twice ({next(i for i in ids if ids.count(i) > 1)})")
+    return out
+
+
+__all__ = ["BATCH", "CONCURRENCY", "MAX", "RATE", "EngineSettings", "MeasurementError", "RunFacts",
+           "ServingMeasurement", "load_file", "load_files", "parse_engine_flags"]

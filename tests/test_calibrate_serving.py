@@ -1,0 +1,180 @@
+"""Calibration from end-to-end serving runs: the input parsers, the device scaling of inherited kernel models,
+the fit (it recovers known parameters from runs it predicted itself), and the bundled MI300X fit held against
+runs of a vLLM release it was not fitted on."""
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cost.calibrate import main as calibrate_main
+from cost.engine_kernels import gemm_time
+from cost.engine_kernels.device_fit import DeviceScaling, scale_params
+from cost.engines import ServingOverheads
+from cost.profile import ProfileError, load_profile, parse_profile, profiles_dir
+from serving.calibrate_serving import Fit, ServingModel, with_scaling
+from serving.measurements import (BATCH, CONCURRENCY, MAX, RATE, MeasurementError, RunFacts, ServingMeasurement,
+                                  load_file, parse_engine_flags)
+
+DATA = Path(__file__).parent / "data" / "serving_inputs"
+
+
+def test_vllm_bench_serve_json():
+    (m,) = load_file(str(DATA / "vllm_bench_serve.json"), RunFacts(device="h100"))
+    assert m.model == "meta-llama/Llama-3.1-8B-Instruct" and m.engine == "vllm" and m.format == "vllm_serve"
+    assert (m.isl, m.osl) == (1024, 128)                      # total tokens over completed requests
+    assert m.load == CONCURRENCY and m.load_value == 16
+    assert m.measured == {"output_tok_s": 418.3, "ttft_ms": 95.1, "tpot_ms": 36.2, "e2e_latency_ms": 4693.0}
+    assert m.filled == ("device",)
+
+
+def test_benchmark_latency_json_needs_the_run_from_flags():
+    facts = RunFacts(model="llama-3.1-70b", device="mi300x", tp=8, dtype="fp8", kv_dtype="fp8", isl=128, osl=2048)
+    with pytest.raises(MeasurementError, match="batch size; pass --batch-size"):
+        load_file(str(DATA / "benchmark_latency.json"), facts)
+    (m,) = load_file(str(DATA / "benchmark_latency.json"), replace(facts, batch_size=1))
+    assert m.load == BATCH and m.load_value == 1 and m.measured == {"e2e_latency_ms": pytest.approx(15851.0)}
+    assert set(m.filled) == {"model", "device", "tp", "dtype", "kv_dtype", "isl", "osl"}
+    with pytest.raises(MeasurementError, match="model; pass --model"):
+        load_file(str(DATA / "benchmark_latency.json"), replace(facts, model=None, batch_size=1))
+
+
+def test_benchmark_throughput_json_reports_output_tokens():
+    facts = RunFacts(model="llama-3.1-70b", device="mi300x", tp=8, isl=128, osl=2048,
+                     engine_flags="--max-num-seqs 3200 --enable-chunked-prefill False --num-scheduler-steps 10")
+    (m,) = load_file(str(DATA / "benchmark_throughput.json"), facts)
+    # tokens_per_second counts prompts too: output tokens/s = requests/s x output length
+    assert m.measured["output_tok_s"] == pytest.approx(8.1148 * 2048)
+    assert m.load == MAX and m.load_value == 3200
+    assert m.settings.max_num_seqs == 3200 and m.settings.chunked_prefill is False and m.settings.scheduler_steps == 10
+
+
+def test_mlperf_summary():
+    (m,) = load_file(str(DATA / "mlperf_log_summary.txt"), RunFacts(model="llama-3.1-70b", device="h100", isl=222.3))
+    assert m.format == "mlperf_server" and m.load == RATE and m.load_value == pytest.approx(10.3)
+    assert m.measured["ttft_ms"] == pytest.approx(612.371847) and m.measured["tpot_ms"] == pytest.approx(91.402311)
+    assert m.osl == pytest.approx(2994.50 / 10.21)
+
+
+def test_devset_rows():
+    rows = load_file(str(DATA / "mi300x_vllm066_rows.jsonl"))
+    assert len(rows) == 4 and all(m.device == "mi300x" and m.tp == 8 and m.dtype == "fp8" for m in rows)
+    batch = next(m for m in rows if m.load == BATCH)
+    assert batch.measured == {"e2e_latency_ms": 19088.59} and not batch.filled   # the row says everything
+    thr = next(m for m in rows if m.load == MAX)
+    assert thr.settings.max_batched_tokens == 131072 and thr.settings.chunked_prefill is False
+
+
+@pytest.mark.parametrize("text, error", [
+    ("{", "not JSON"), ('{"foo": 1}', "not a vllm bench serve"), ("[1, 2]", "a JSON object"),
+    ('{"avg_latency": -1}', "must be a finite number"),
+    ("Scenario : SingleStream\nSamples per second: 3\n", "not a serving load"),
+])
+def test_bad_files_are_one_line_errors(tmp_path, text, error):
+    f = tmp_path / "run.json"
+    f.write_text(text)
+    with pytest.raises(MeasurementError, match=error):
+        load_file(str(f), RunFacts(model="llama-3.1-8b", device="h100", isl=1, osl=1, batch_size=1))
+
+
+def test_cli_bad_input_exits_2_in_one_line(tmp_path, capsys):
+    f = tmp_path / "x.json"
+    f.write_text('{"avg_latency": 1.0}')
+    assert calibrate_main(["--from-serving", str(f), "--device", "mi300x", "--engine", "vllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and "--model" in err
+    assert calibrate_main(["--from-serving", str(DATA / "mi300x_vllm066_rows.jsonl"), "--device", "mi300x",
+                           "--engine", "vllm", "--overheads", "bogus_us"]) == 2
+    assert "unknown overhead 'bogus_us'" in capsys.readouterr().err
+
+
+def test_engine_flags():
+    s = parse_engine_flags("--max-num-seqs 256 --max-num-batched-tokens=8192 --gpu-memory-utilization 0.85 "
+                           "--no-enable-chunked-prefill --model $MODEL --max-num-seqs $SEQS")
+    assert (s.max_num_seqs, s.max_batched_tokens, s.memory_fraction, s.chunked_prefill) == (256, 8192, 0.85, False)
+    assert parse_engine_flags(None).scheduler_steps == 1
+
+
+def test_device_scaling_acts_on_each_mechanism():
+    hw = load_profile("h100")
+    p = hw.engine("vllm").gemm["bf16"]
+    big = dict(m=8192, n=8192, k=8192)        # compute-bound
+    small = dict(m=1, n=8192, k=8192)         # weight streaming
+
+    def t(params, shape):
+        return float(gemm_time(params, hw.compute_units, hw.matrix_peak("bf16"), hw.bandwidth, hw.l2_bytes,
+                               **shape).seconds)
+    slower_math = scale_params(p, DeviceScaling(matrix=0.5))
+    assert slower_math.compute == pytest.approx(p.compute * 0.5)
+    assert t(slower_math, big) / t(p, big) == pytest.approx(2.0, rel=0.1)
+    assert t(slower_math, small) / t(p, small) < 1.2
+    slower_hbm = scale_params(p, DeviceScaling(hbm=0.5))
+    assert t(slower_hbm, small) / t(p, small) == pytest.approx(2.0, rel=0.15)
+    later = scale_params(p, DeviceScaling(kernel_us=10.0))
+    assert t(later, small) - t(p, small) == pytest.approx(10e-6, rel=0.05)
+    # a fraction never passes its physical range: more than the peak is not a device that exists
+    assert scale_params(p, DeviceScaling(matrix=1.5)).compute == 1.0
+
+
+def test_profile_serving_fit_section():
+    data = json.loads((profiles_dir() / "mi300x.json").read_text())
+    data["engines"] = {"from": "h100", "serving_fit": {"origin": "test fit", "params": {"matrix": 0.5, "hbm": 0.9,
+                                                                                         "kernel_us": 2.0}}}
+    hw = parse_profile(data, "mi300x-test", "mi300x-test.json")
+    cal, donor = hw.engine("vllm"), load_profile("h100").engine("vllm")
+    assert "scaled to this device (test fit)" in cal.origin and "H100" in cal.origin
+    assert cal.gemm["fp8"].compute == pytest.approx(donor.gemm["fp8"].compute * 0.5)
+    assert cal.decode_attention["fp8"].memory == pytest.approx(donor.decode_attention["fp8"].memory * 0.9)
+    assert cal.allreduce["custom"][8].latency_us == pytest.approx(donor.allreduce["custom"][8].latency_us + 2.0)
+    data["engines"]["serving_fit"]["params"]["matrix"] = 3.0
+    with pytest.raises(ProfileError, match="serving_fit.params.matrix: 3.0 is outside"):
+        parse_profile(data, "mi300x-bad", "mi300x-bad.json").engine("vllm")
+
+
+def _synthetic_runs(model: ServingModel) -> list[ServingMeasurement]:
+    """Runs of a small model at the shapes the docs recommend (small and large batches, long prompts), measured
+    by the model itself."""
+    out = []
+    for i, (load, value, isl, osl) in enumerate([(BATCH, 1, 128, 256), (BATCH, 8, 512, 128), (BATCH, 64, 128, 128),
+                                                  (BATCH, 4, 4096, 32), (MAX, 512, 256, 256), (BATCH, 32, 1024, 64)]):
+        m = ServingMeasurement(f"run{i}", "synthetic", "test", "llama-3.2-1b", "mi300x", "vllm", "", "bf16", None, 1,
+                               isl, osl, load, value)
+        pred = model.predict(m)
+        metric = "e2e_latency_ms" if load == BATCH else "output_tok_s"
+        out.append(replace(m, measured={metric: pred[metric]}))
+    return out
+
+
+def test_fit_recovers_known_device_and_overheads():
+    base = load_profile("mi300x")
+    base = with_scaling(base, DeviceScaling(), "#test-base")
+    truth = DeviceScaling(matrix=0.6, hbm=0.85, kernel_us=3.0)
+    true_overheads = ServingOverheads(step_us=400.0, seq_us=2.0, gpu_sync_us=0.0, request_ms=5.0, reserve_gb=0.5)
+    runs = _synthetic_runs(ServingModel(with_scaling(base, truth, "#test-truth"), true_overheads))
+    start = replace(true_overheads, step_us=150.0)
+    fit = Fit(base, "vllm", runs, ["step_us"], start, True, log=lambda _: None)
+    values, std, mse = fit.run()
+    got = dict(zip(fit.names, values))
+    assert mse < 1e-4
+    assert got["matrix"] == pytest.approx(0.6, rel=0.1) and got["hbm"] == pytest.approx(0.85, rel=0.1)
+    # one model: a cost per kernel and a cost per step are one number per step; the fit finds that number
+    kernels = ServingModel(base).cost(runs[0])
+    kernels.linear(1)
+    per_step = kernels._launches[1]
+    assert got["step_us"] + got["kernel_us"] * per_step == pytest.approx(400.0 + 3.0 * per_step, rel=0.1)
+    assert np.all(np.isfinite(std))
+
+
+def test_bundled_mi300x_fit_holds_on_another_release():
+    """The committed MI300X fit (vLLM 0.8.5 rows) on vLLM 0.6.6 rows it never saw: within the issue's 12%."""
+    hw = load_profile("mi300x")
+    fit = hw.engines_data["serving_fit"]
+    assert fit["source"]["command"].startswith("python -m cost.calibrate --from-serving")
+    assert set(fit["std_error"]) == set(DeviceScaling.fitted_names()) and fit["source"]["fitted_rows"]
+    rows = load_file(str(DATA / "mi300x_vllm066_rows.jsonl"))
+    assert not set(m.id for m in rows) & set(fit["source"]["fitted_rows"])
+    model = ServingModel(hw)
+    errors = [abs(model.predict(m)[k] / v - 1) for m in rows for k, v in m.measured.items()]
+    assert np.median(errors) < 0.12, errors
+    assert "fitted on this device" in model.cost(rows[0]).overhead_origin
