@@ -127,10 +127,10 @@ def resolve_overheads(engine: str, release: str | None = None) -> ResolvedOverhe
         return ResolvedOverheads(base.params, None, f"no {ENGINES[engine].label}{asked} end-to-end data: "
                                  f"{ENGINES[entry['from']].label} {base.release}'s ({base.origin})")
     releases = engine_releases(engine)
-    shared = entry.get("shared", {}).get("params", {})
+    shared = (entry.get("shared") or entry).get("params", {})      # a fit with no releases: its params alone
     if not releases:
         return ResolvedOverheads(ServingOverheads.from_json(shared, f"engine_serving.json:{engine}"), None,
-                                 entry.get("shared", {}).get("origin", "defaults (not fitted)"))
+                                 entry.get("origin", "defaults (not fitted)"))
     if release is None:
         release = releases[-1]
         how = "newest with data"

@@ -65,7 +65,7 @@ def test_text_generate_engine_flag(capsys):
     assert out["engine"] == "sglang" and any("SGLang" in n for n in out["notes"])
     with pytest.raises(SystemExit) as e:
         text_generate(["llama-3.2-1b", "--device", "h100", "--engine", "tgi"])
-    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert e.value.code == 2 and "unknown engine 'tgi'" in capsys.readouterr().err
     assert text_generate(["llama-3.2-1b", "--device", "h100", "--execution", "eager", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["engine"] is None
 
