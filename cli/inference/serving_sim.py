@@ -285,6 +285,8 @@ def render(out: dict) -> str:
             [[f"{s['gpu_cache_gb']:g}", f"{s['hit_rate'] * 100:.1f}%", _f(s["ttft_ms_p50"]),
               f"{s['evicted_blocks']:,}", f"{s['preemptions']:,}"] for s in out["sweep"]],
             title="hit rate vs GPU cache capacity")
+    if out.get("step_overheads"):
+        text += f"\nnote: step overheads: {out['step_overheads']}"
     return text
 
 
