@@ -19,6 +19,7 @@ class StatedSettings:
     kv_cache_dtype: str | None = None
     expert_parallel: bool = False            # experts sharded over the whole TP x DP group
     chunked_prefill: bool | None = None
+    scheduler_steps: int | None = None       # vLLM's multi-step scheduling: one schedule per this many decodes
 
 
 # flag (as any engine spells it) -> (setting, parser of its value); a flag with no value parses None
@@ -42,6 +43,7 @@ FLAGS: dict[str, tuple[str, object]] = {
     "--kv-cache-dtype": ("kv_cache_dtype", str),
     "--enable-expert-parallel": ("expert_parallel", None),
     "--enable-chunked-prefill": ("chunked_prefill", None),
+    "--num-scheduler-steps": ("scheduler_steps", _INT),
 }
 _VALUE = r"\s*(?:=|\s)\s*(?:\{[^}]*?:\s*)?['\"]?([A-Za-z0-9_.]+)"
 

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .engine_flags import stated_settings
+
 # the load a run put on the engine
 BATCH, MAX, RATE, CONCURRENCY = "batch", "max", "rate", "concurrency"
 # development-set GPU names -> bundled profiles
@@ -80,25 +82,13 @@ class ServingMeasurement:
 
 
 def parse_engine_flags(text: str | None) -> EngineSettings:
-    """The flags of a vLLM launch or benchmark command line that tracecost models."""
-    text = text or ""
-
-    def value(flag):
-        m = re.search(rf"--{flag}[= ]\s*([^\s$]+)", text)
-        return m.group(1) if m else None
-
-    seqs, tokens, chunked = value("max-num-seqs"), value("max-num-batched-tokens"), value("enable-chunked-prefill")
-    memory, steps = value("gpu-memory-utilization"), value("num-scheduler-steps")
-    number = re.compile(r"^[0-9.]+$")
-    chunk = None
-    if chunked is not None:
-        chunk = chunked.lower() not in ("false", "0", "no")
-    elif re.search(r"--(no-)?enable-chunked-prefill\b", text):
-        chunk = "--no-enable-chunked-prefill" not in text
-    return EngineSettings(int(seqs) if seqs and number.match(seqs) else None,
-                          int(tokens) if tokens and number.match(tokens) else None, chunk,
-                          float(memory) if memory and number.match(memory) else None,
-                          int(steps) if steps and number.match(steps) else 1)
+    """The flags of a vLLM launch or benchmark command line that tracecost models (serving/engine_flags.py)."""
+    stated = stated_settings(text)
+    chunked = stated.chunked_prefill
+    if chunked is None and text and "--no-enable-chunked-prefill" in text:
+        chunked = False
+    return EngineSettings(stated.max_num_seqs, stated.max_batched_tokens, chunked, stated.memory_fraction,
+                          stated.scheduler_steps or 1)
 
 
 def _number(data: dict, key: str, where: str, required: bool = True) -> float | None:
