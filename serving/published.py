@@ -270,7 +270,12 @@ class Predictor:
             cost.overheads = overheads
         try:
             lengths = bundled(run.lengths).scaled(run.osl) if run.lengths else None
-            state = solve(cost.steady, run.isl, run.osl, 0, run.load, self.limits(run, cost),
+            limits = self.limits(run, cost)
+            need = run.isl + limits.output_kv_share * run.osl
+            if limits.kv_tokens < need:     # a setup that serves nothing is refused, not priced as ~0 tokens/s
+                raise ValueError(f"the KV cache holds {limits.kv_tokens} tokens, less than one request's "
+                                 f"{need:.0f} (weights, reserve and activations leave too little memory)")
+            state = solve(cost.steady, run.isl, run.osl, 0, run.load, limits,
                           cost.overheads.request_ms * 1e-3, lengths=lengths)
         finally:
             cost.overheads = fitted

@@ -419,7 +419,11 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     if not load.requests:
         return steady
     # a mix's run ends with its longest outputs: walk it whenever the walk is affordable
-    if load.requests > (50000 if lengths is not None else 6 * admit):
+    # an engine that holds one request at a time has no steady state (no room for n + 1 running): walk it
+    if load.requests > (50000 if lengths is not None or top < 1e-9 else 6 * admit):
+        if top < 1e-9:
+            raise ValueError(f"the engine runs at most {admit} request(s) at once and sustains no steady rate; "
+                             f"{load.requests} queued requests are too many to walk")
         # many waves: the steady state at saturation, plus the first wave's ramp and the last one's drain
         tail = lengths.longest("output") if lengths is not None else o
         makespan = load.requests / top + steady.ttft_s["mean"] + (tail - 1) * steady.tpot_s

@@ -87,6 +87,17 @@ def test_burst_of_a_mix_ends_with_its_longest_outputs():
     assert b.output_tokens_per_s < 0.8 * a.output_tokens_per_s
 
 
+def test_a_burst_through_an_engine_that_holds_one_request_is_walked():
+    # the KV cache holds one 32k-token request at a time: no steady state (no room for n + 1 running), so the
+    # burst is walked one request after another instead of priced over a rate of ~0 (issue 19: a 1e21 ms TTFT)
+    limits = Limits(max_num_seqs=2048, max_batched_tokens=8192, kv_tokens=50_000)
+    state = solve(fake_step, 32_000, 80, 0, Load(MAX, requests=20), limits)
+    one = solve(fake_step, 32_000, 80, 0, Load(MAX, requests=1), limits)
+    makespan = 20 / state.request_rate
+    assert 15 * (1 / one.request_rate) < makespan < 25 * (1 / one.request_rate)
+    assert state.ttft_s["mean"] < makespan
+
+
 def test_clis_take_a_lengths_file_and_a_burst(tmp_path, capsys):
     f = write(tmp_path, "l.csv", "input_length,output_length\n100,20\n400,60\n50,5\n")
     args = ["llama-3.2-1b", "--device", "h100", "--num-devices", "1", "--lengths-file", f, "--num-requests", "30",
