@@ -22,8 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli.common import positive_int  # noqa: E402
 from cost.engines import ServingOverheads  # noqa: E402
-from serving.published import METRICS, Predictor, load_published, rate_within_limits  # noqa: E402
+from serving.published import METRICS, Predictor, PredictorPool, load_published, rate_within_limits  # noqa: E402
 
 DEFAULT_DATA = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e").glob("*.jsonl"))
 
@@ -58,40 +59,20 @@ def table(errs: dict) -> str:
     return "\n".join(lines)
 
 
-_WORKER: dict = {}
-
-
-def _predict_one(job):
-    run, overheads = job
-    try:
-        return run, _WORKER["predictor"].predict(run, overheads)[0], None
-    except (ValueError, RuntimeError) as e:      # a row tracecost cannot price: reported, never hidden
-        return run, None, str(e)
-
-
 def predict_all(runs, predictor: Predictor, overheads: ServingOverheads | None = None, progress: bool = True,
                 jobs: int = 1):
     """Every run's prediction; `jobs` > 1 prices rows in forked processes (each keeps its own warm caches)."""
     out, t0 = [], time.time()
-    _WORKER["predictor"] = predictor
-    work = [(run, overheads) for run in runs]
-    if jobs > 1:
-        from multiprocessing import get_context
-        pool = get_context("fork").Pool(jobs)
-        results = pool.imap(_predict_one, work, chunksize=4)
-    else:
-        pool, results = None, map(_predict_one, work)
-    for i, (run, pred, error) in enumerate(results):
-        if error is not None:
-            print(f"{run.id}: not predicted: {error}", file=sys.stderr)
-            continue
-        out.append((run, pred))
-        if progress and sys.stderr.isatty():
-            print(f"\r{i + 1}/{len(runs)} rows, {time.time() - t0:.0f} s", end="", file=sys.stderr, flush=True)
+    with PredictorPool(predictor, jobs) as pool:
+        for i, (run, pred, error) in enumerate(pool.map(runs, overheads)):
+            if error is not None:      # a row tracecost cannot price: reported, never hidden
+                print(f"{run.id}: not predicted: {error}", file=sys.stderr)
+                continue
+            out.append((run, pred))
+            if progress and sys.stderr.isatty():
+                print(f"\r{i + 1}/{len(runs)} rows, {time.time() - t0:.0f} s", end="", file=sys.stderr, flush=True)
     if progress and sys.stderr.isatty():
         print(file=sys.stderr)
-    if pool is not None:
-        pool.terminate()
     return out
 
 
@@ -132,7 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", action="store_true", help="also print every row's prediction")
     p.add_argument("--no-limits", action="store_true",
                    help="skip the highest-rate-within-p99-limits check of the MLPerf Server/Interactive rows")
-    p.add_argument("--jobs", type=int, default=1, help="processes pricing rows in parallel (default 1)")
+    p.add_argument("--jobs", type=positive_int, default=1, help="processes pricing rows in parallel (default 1)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     missing = [d for d in args.data if not Path(d).is_file()]
@@ -152,7 +133,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     predictor = Predictor()
     rows = predict_all(runs, predictor, ServingOverheads() if args.overheads == "defaults" else None,
-                       jobs=max(1, args.jobs))
+                       jobs=args.jobs)
     errs = errors(rows)
     rates = [] if args.no_limits else limit_rates(runs, predictor)
     if args.json:

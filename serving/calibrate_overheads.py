@@ -31,7 +31,7 @@ from pathlib import Path
 from cost.engines import ENGINES, ServingOverheads, release_key
 from cost.profile import load_profile
 
-from .published import Predictor, PublishedRun, load_published
+from .published import Predictor, PredictorPool, PublishedRun, load_published
 
 DEV_SET = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e"
 # what a release may change without changing the physics: its scheduler's host time, its per-sequence
@@ -42,33 +42,18 @@ RELEASE_TERMS = ("step_us", "seq_us", "gpu_sync_us", "request_ms")
 LOSS_CAP = math.log(2.0)
 
 
-_POOL: dict = {}     # a fork pool whose workers keep their own warm Predictor (set by main --jobs)
-
-
-def _row_errors(job) -> list[tuple[str, float]]:
-    run, params = job
-    try:
-        pred, _ = _POOL["predictor"].predict(run, params)
-    except (ValueError, RuntimeError):
-        return []
-    return [(m, min(LOSS_CAP, abs(math.log(pred[m] / v)))) for m, v in run.measured.items()
-            if pred.get(m, 0) > 0 and v > 0]
-
-
-def loss(runs: list[PublishedRun], predictor: Predictor, params: ServingOverheads) -> float:
+def loss(runs: list[PublishedRun], pool: PredictorPool, params: ServingOverheads) -> float:
     per_metric: dict[str, list[float]] = defaultdict(list)
-    _POOL.setdefault("predictor", predictor)
-    jobs = [(run, params) for run in runs]
-    pool = _POOL.get("pool")
-    for errors in (pool.map(_row_errors, jobs, chunksize=8) if pool else map(_row_errors, jobs)):
-        for m, e in errors:
-            per_metric[m].append(e)
+    for run, pred, _ in pool.map(runs, params):
+        for m, v in (run.measured.items() if pred is not None else ()):
+            if pred.get(m, 0) > 0 and v > 0:
+                per_metric[m].append(min(LOSS_CAP, abs(math.log(pred[m] / v))))
     parts = [sum(v) / len(v) for v in per_metric.values() if v]
     return sum(parts) / len(parts) if parts else float("inf")
 
 
-def coordinate_search(runs, predictor, start: ServingOverheads, names, rounds: int = 3, log=print):
-    best, best_loss = start, loss(runs, predictor, start)
+def coordinate_search(runs, pool, start: ServingOverheads, names, rounds: int = 3, log=print):
+    best, best_loss = start, loss(runs, pool, start)
     bounds = {f.name: f.metadata["bounds"] for f in fields(ServingOverheads)}
     for r in range(rounds):
         factor = (4.0, 2.0, 1.4)[min(r, 2)]
@@ -82,7 +67,7 @@ def coordinate_search(runs, predictor, start: ServingOverheads, names, rounds: i
                 if v == value:
                     continue
                 cand = replace(best, **{name: v})
-                cand_loss = loss(runs, predictor, cand)
+                cand_loss = loss(runs, pool, cand)
                 if cand_loss < best_loss - 1e-5:
                     best, best_loss = cand, cand_loss
                     log(f"  round {r + 1}: {name} = {v:.4g}: loss {cand_loss:.4f}")
@@ -103,7 +88,7 @@ def split(runs: list[PublishedRun], fraction: float, seed: int) -> tuple[list, l
     return [runs[i] for i in sorted(order[:cut])], [runs[i] for i in sorted(order[cut:])]
 
 
-def fit_releases(runs: list[PublishedRun], predictor: Predictor, fraction: float, seed: int, demand: float,
+def fit_releases(runs: list[PublishedRun], pool: PredictorPool, fraction: float, seed: int, demand: float,
                  rounds: int = 3, log=print, start: ServingOverheads | None = None) -> dict:
     by_release: dict[str, list[PublishedRun]] = defaultdict(list)
     for run in runs:
@@ -112,19 +97,19 @@ def fit_releases(runs: list[PublishedRun], predictor: Predictor, fraction: float
     parts = {rel: split(rs, fraction, seed) for rel, rs in by_release.items() if len(rs) >= 4}
     fit_rows = [r for f, _ in parts.values() for r in f]
     log(f"shared fit on {len(fit_rows)} rows of releases {', '.join(sorted(parts, key=release_key))}")
-    shared, _ = coordinate_search(fit_rows, predictor, start or ServingOverheads(),
+    shared, _ = coordinate_search(fit_rows, pool, start or ServingOverheads(),
                                   [f.name for f in fields(ServingOverheads)], rounds, log)
     releases = {}
     for rel in sorted(parts, key=release_key):
         fit, held = parts[rel]
-        base_loss = loss(fit, predictor, shared)
+        base_loss = loss(fit, pool, shared)
         own, own_loss, terms = shared, base_loss, {}
         for name in RELEASE_TERMS:     # greedily, one term at a time, each kept only if the rows demand it
-            cand, cand_loss = coordinate_search(fit, predictor, own, [name], rounds, log=lambda m: None)
+            cand, cand_loss = coordinate_search(fit, pool, own, [name], rounds, log=lambda m: None)
             if cand_loss < own_loss - demand:
                 own, own_loss, terms[name] = cand, cand_loss, getattr(cand, name)
-        held_defaults = loss(held, predictor, ServingOverheads())
-        held_shared, held_own = loss(held, predictor, shared), loss(held, predictor, own)
+        held_defaults = loss(held, pool, ServingOverheads())
+        held_shared, held_own = loss(held, pool, shared), loss(held, pool, own)
         log(f"release {rel}: {len(fit)} fitted, {len(held)} held out; own terms {terms or 'none'}; held-out "
             f"{held_defaults:.3f} (defaults) -> {held_shared:.3f} (shared) -> {held_own:.3f} (with own terms)")
         releases[rel] = {"params": {k: round(v, 4) for k, v in terms.items()}, "fitted_rows": len(fit),
@@ -162,6 +147,9 @@ def main(argv=None) -> int:
     if not 0 < args.fit_fraction < 1:
         print("error: --fit-fraction must be in (0, 1)", file=sys.stderr)
         return 2
+    if args.jobs < 1 or args.rounds < 1 or not 0 <= args.demand < 1:
+        print("error: --jobs and --rounds must be >= 1, --demand in [0, 1)", file=sys.stderr)
+        return 2
     t0 = time.time()
     runs = [r for r in load_published(*args.data)[0] if r.engine == args.engine]
     runs = [r for r in runs if fitted_kernels(r)]
@@ -169,16 +157,9 @@ def main(argv=None) -> int:
         print(f"error: {len(runs)} {args.engine} rows on devices with its kernel fits: too few to fit", file=sys.stderr)
         return 2
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
-    predictor = _POOL["predictor"] = Predictor()
-    if args.jobs > 1:
-        from multiprocessing import get_context
-        _POOL["pool"] = get_context("fork").Pool(args.jobs)
-    try:
-        result = fit_releases(runs, predictor, args.fit_fraction, args.seed, args.demand, args.rounds, log,
+    with PredictorPool(Predictor(), args.jobs) as pool:
+        result = fit_releases(runs, pool, args.fit_fraction, args.seed, args.demand, args.rounds, log,
                               _current_shared(args.engine))
-    finally:
-        if "pool" in _POOL:
-            _POOL.pop("pool").terminate()
     if not result["releases"]:
         print(f"error: no release of {args.engine} has 4 rows that name it", file=sys.stderr)
         return 2

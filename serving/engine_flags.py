@@ -19,11 +19,12 @@ class StatedSettings:
     kv_cache_dtype: str | None = None
     expert_parallel: bool = False            # experts sharded over the whole TP x DP group
     chunked_prefill: bool | None = None
-    scheduler_steps: int | None = None       # vLLM's multi-step scheduling: one schedule per this many decodes
+    scheduler_steps: int = 1                 # vLLM's multi-step scheduling: one schedule per this many decodes
 
 
-# flag (as any engine spells it) -> (setting, parser of its value); a flag with no value parses None
-_INT, _FLOAT = int, float
+# flag (as any engine spells it) -> (setting, parser of its value); a switch (no value, or true/false) parses
+# SWITCH, a negative switch NEGATED
+_INT, _FLOAT, SWITCH, NEGATED = int, float, "switch", "negated"
 FLAGS: dict[str, tuple[str, object]] = {
     "--max-num-seqs": ("max_num_seqs", _INT),                   # vLLM
     "--max-running-requests": ("max_num_seqs", _INT),           # SGLang
@@ -41,33 +42,37 @@ FLAGS: dict[str, tuple[str, object]] = {
     "kv_cache_free_gpu_mem_fraction": ("memory_fraction", _FLOAT),
     "kvcache_free_gpu_mem_frac": ("memory_fraction", _FLOAT),   # MLPerf harness
     "--kv-cache-dtype": ("kv_cache_dtype", str),
-    "--enable-expert-parallel": ("expert_parallel", None),
-    "--enable-chunked-prefill": ("chunked_prefill", None),
+    "--enable-expert-parallel": ("expert_parallel", SWITCH),
+    "--enable-chunked-prefill": ("chunked_prefill", SWITCH),
+    "--no-enable-chunked-prefill": ("chunked_prefill", NEGATED),
     "--num-scheduler-steps": ("scheduler_steps", _INT),
 }
 _VALUE = r"\s*(?:=|\s)\s*(?:\{[^}]*?:\s*)?['\"]?([A-Za-z0-9_.]+)"
 
 
 def stated_settings(flags: str | None) -> StatedSettings:
-    """The settings a launch line states (unknown flags are left to the engine's defaults)."""
-    out = StatedSettings()
-    if not flags:
-        return out
+    """The settings a launch line states (unknown flags are left to the engine's defaults); the first flag in
+    FLAGS that states a setting sets it."""
+    out, stated = StatedSettings(), set()
     for flag, (name, parse) in FLAGS.items():
-        pattern = re.escape(flag) + (r"(?![\w-])(?:\s*[= ]\s*(true|false)\b)?" if parse is None else _VALUE)
-        m = re.search(r"(?<![\w-])" + pattern, flags, flags=re.IGNORECASE if parse is None else 0)
+        if not flags or name in stated:
+            continue
+        switch = parse in (SWITCH, NEGATED)
+        pattern = re.escape(flag) + (r"(?![\w-])(?:\s*[= ]\s*(true|false)\b)?" if switch else _VALUE)
+        m = re.search(r"(?<![\w-])" + pattern, flags, flags=re.IGNORECASE if switch else 0)
         if m is None:
             continue
-        if parse is None:
-            out = replace(out, **{name: (m.group(1) or "true").lower() == "true"})
-            continue
-        try:
-            value = parse(m.group(1))
-        except ValueError:
-            continue            # a placeholder ($BS) states nothing
-        if value is not None and getattr(out, name) in (None, False):
-            out = replace(out, **{name: value})
+        if switch:
+            value = (m.group(1) or "true").lower() == "true"
+            value = not value if parse == NEGATED else value
+        else:
+            try:
+                value = parse(m.group(1))
+            except ValueError:
+                continue            # a placeholder ($BS) states nothing
+        out = replace(out, **{name: value})
+        stated.add(name)
     return out
 
 
-__all__ = ["FLAGS", "StatedSettings", "stated_settings"]
+__all__ = ["FLAGS", "NEGATED", "SWITCH", "StatedSettings", "stated_settings"]

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .engine_flags import stated_settings
+from .engine_flags import StatedSettings, stated_settings
 
 # the load a run put on the engine
 BATCH, MAX, RATE, CONCURRENCY = "batch", "max", "rate", "concurrency"
@@ -35,14 +35,10 @@ class MeasurementError(ValueError):
     """A file that cannot be read as a serving measurement; the message names the file and what is wrong."""
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """Launch flags that change what the engine does; None: the engine's default."""
-    max_num_seqs: int | None = None
-    max_batched_tokens: int | None = None
-    chunked_prefill: bool | None = None
-    memory_fraction: float | None = None      # vLLM --gpu-memory-utilization
-    scheduler_steps: int = 1                  # vLLM --num-scheduler-steps: one schedule per this many decode steps
+# launch flags that change what the engine does (None: the engine's default): one parser for every input,
+# serving/engine_flags.py
+EngineSettings = StatedSettings
+parse_engine_flags = stated_settings
 
 
 @dataclass(frozen=True)
@@ -79,16 +75,6 @@ class ServingMeasurement:
     settings: EngineSettings = EngineSettings()
     measured: dict = field(default_factory=dict)   # output_tok_s, ttft_ms, tpot_ms, e2e_latency_ms (means)
     filled: tuple[str, ...] = ()                    # fields taken from RunFacts, not from the file
-
-
-def parse_engine_flags(text: str | None) -> EngineSettings:
-    """The flags of a vLLM launch or benchmark command line that tracecost models (serving/engine_flags.py)."""
-    stated = stated_settings(text)
-    chunked = stated.chunked_prefill
-    if chunked is None and text and "--no-enable-chunked-prefill" in text:
-        chunked = False
-    return EngineSettings(stated.max_num_seqs, stated.max_batched_tokens, chunked, stated.memory_fraction,
-                          stated.scheduler_steps or 1)
 
 
 def _number(data: dict, key: str, where: str, required: bool = True) -> float | None:

@@ -17,6 +17,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 from cost.engines import ENGINES, ServingOverheads, engine_releases, release_key
@@ -122,6 +123,7 @@ def _dtype(precision: str, model: str | None = None, checkpoint: str | None = No
     return dtype
 
 
+@lru_cache(maxsize=None)
 def _declares_quantization(model: str) -> bool:
     config = resolve_model(model).config
     return bool(config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config"))
@@ -216,9 +218,10 @@ def load_published(*paths: str) -> tuple[list[PublishedRun], list[tuple[str, str
         for line in Path(path).read_text().splitlines():
             if not line.strip():
                 continue
-            run, why = map_row(json.loads(line))
+            row = json.loads(line)
+            run, why = map_row(row)
             if run is None:
-                skipped.append((json.loads(line)["id"], why))
+                skipped.append((row["id"], why))
             else:
                 runs.append(run)
     return runs, skipped
@@ -286,6 +289,49 @@ class Predictor:
         return pred, state
 
 
+_FORKED: dict = {}   # the Predictor a forked worker prices with (set before the pool forks, so each inherits it)
+
+
+def _predict_priced(job):
+    run, overheads = job
+    try:
+        return run, _FORKED["predictor"].predict(run, overheads)[0], None
+    except (ValueError, RuntimeError) as e:      # a row tracecost cannot price: the caller reports it
+        return run, None, str(e)
+
+
+class PredictorPool:
+    """Prices many runs, in `jobs` forked processes when jobs > 1; each worker keeps its own warm Predictor for
+    as long as the pool lives (a fit prices the same rows many times)."""
+
+    def __init__(self, predictor: Predictor, jobs: int = 1):
+        self.predictor = predictor
+        self._pool = None
+        if jobs > 1:
+            from multiprocessing import get_context
+            _FORKED["predictor"] = predictor
+            self._pool = get_context("fork").Pool(jobs)
+
+    def map(self, runs, overheads: ServingOverheads | None = None):
+        """(run, predicted metrics or None, why not or None) for each run, in order."""
+        work = [(run, overheads) for run in runs]
+        if self._pool is not None:
+            return self._pool.imap(_predict_priced, work, chunksize=4)
+        _FORKED["predictor"] = self.predictor
+        return map(_predict_priced, work)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def rate_within_limits(predictor: Predictor, run: PublishedRun, limits: dict | None = None) -> float:
     """The highest request rate (whole deployment, requests/s) whose predicted p99 TTFT and TPOT stay within the
     run's latency limits (MLPerf's Server/Interactive p99 limits), by bisection on a stable steady state."""
@@ -324,4 +370,5 @@ def _known_release(engine: str, release: str | None) -> str | None:
     return older[-1] if older else known[0]
 
 
-__all__ = ["ENGINES", "METRICS", "Predictor", "PublishedRun", "load_published", "map_row", "rate_within_limits"]
+__all__ = ["ENGINES", "METRICS", "Predictor", "PredictorPool", "PublishedRun", "load_published", "map_row",
+           "rate_within_limits"]
