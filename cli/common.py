@@ -15,6 +15,7 @@ from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.__main__ import ArgumentParser, add_model_arguments, model_spec, trace_options
 from tracer.model_source import ModelError
 
+from serving.speculative import METHODS as SPECULATIVE_METHODS, Speculation, parse_speculation
 from serving.workload import WorkloadError
 
 from .inference.config import InputError
@@ -23,7 +24,8 @@ USER_ERRORS = (InputError, LayoutError, ModelError, ProfileError, WorkloadError,
 
 __all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments",
            "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "model_spec",
-           "positive_int", "quiet_broken_pipe", "run_main", "trace_options", "warn"]
+           "positive_int", "quiet_broken_pipe", "run_main", "speculations", "add_speculation_arguments",
+           "trace_options", "warn"]
 
 
 class WorkLimit:
@@ -155,6 +157,37 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep-style", default=EP_ALL_TOKENS, choices=EP_STYLES,
                    help="expert parallelism: all-tokens (vLLM's default: every rank routes every token, partial "
                         "outputs all-reduced) or dispatch (DeepEP-style all-to-all to the experts' ranks)")
+
+
+def add_speculation_arguments(p: argparse.ArgumentParser, several_k: bool = False) -> None:
+    g = p.add_argument_group("speculative decoding (serving/speculative.py)")
+    g.add_argument("--speculative", metavar="|".join(SPECULATIVE_METHODS), default=None,
+                   help="draft method: the model's MTP layer, an EAGLE-3 head, a draft model, or n-gram lookup")
+    g.add_argument("--num-speculative-tokens", metavar="K[,K...]" if several_k else "K", default="1",
+                   help="tokens the draft proposes per step" + (" (a list: each is searched, beside no "
+                                                                 "speculation)" if several_k else "") + "; default 1")
+    g.add_argument("--acceptance-rate", type=float, default=None, metavar="A",
+                   help="probability each proposed token is accepted, given the ones before (default: the "
+                        "method's published default, named in the output)")
+    g.add_argument("--acceptance-length", type=float, default=None, metavar="L",
+                   help="mean tokens per step, the target's own included, as engines report it")
+
+
+def speculations(args) -> list[Speculation]:
+    """The speculative setups the arguments ask for (empty without --speculative)."""
+    given = [x for x in (args.acceptance_rate, args.acceptance_length) if x is not None]
+    if args.speculative is None:
+        if given or args.num_speculative_tokens != "1":
+            raise InputError("--num-speculative-tokens, --acceptance-rate and --acceptance-length need --speculative")
+        return []
+    out = []
+    for text in str(args.num_speculative_tokens).split(","):
+        try:
+            k = int(text)
+        except ValueError:
+            raise InputError(f"--num-speculative-tokens: '{text}' is not an integer") from None
+        out.append(parse_speculation(args.speculative, k, args.acceptance_rate, args.acceptance_length))
+    return out
 
 
 def warn(message: str) -> None:

@@ -74,8 +74,14 @@ class ServingOverheads(ParamSet):
     """Time a serving engine spends beyond its kernels, fitted on published end-to-end runs."""
     step_us: float = param(300.0, 0.0, 20000.0, "scheduler and host work per step, us")
     seq_us: float = param(2.0, 0.0, 200.0, "per running request per step (batch bookkeeping, sampling), us")
-    gpu_sync_us: float = param(200.0, 0.0, 20000.0, "per step and per extra GPU of a TP/PP group (rank sync), us")
+    # rank sync: the scheduler's output broadcast to every rank and a barrier, tens to hundreds of us a step;
+    # the bound leaves room for slow host links, not for work the kernels model
+    gpu_sync_us: float = param(200.0, 0.0, 2000.0, "per step and per extra GPU of a TP/PP group (rank sync), us")
     request_ms: float = param(10.0, 0.0, 500.0, "per request outside the steps: API, tokenization, first token, ms")
+    # The HTTP server takes requests in one at a time (parsing, tokenization, the engine's input checks) in one
+    # Python process: a burst enters the engine at this pace, and no stream of more than 1000 / frontend_ms
+    # requests/s per server process is served. Only requests that come through the server pay it.
+    frontend_ms: float = param(0.0, 0.0, 50.0, "serial per-request work of the HTTP server's process, ms")
     reserve_gb: float = param(2.0, 0.0, 40.0, "memory held besides weights and KV: context, graphs, buffers, GB")
 
 

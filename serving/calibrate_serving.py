@@ -93,7 +93,11 @@ class ServingModel:
             return {"e2e_latency_ms": seconds * 1e3, "output_tok_s": m.load_value * osl / seconds}
         load = Load(MAX, requests=int(m.load_value)) if m.load == MAX else \
             Load(CONCURRENCY if m.load == CONCURRENCY else "rate", m.load_value)
-        state = solve(cost.steady, isl, osl, 0, load, limits, cost.overheads.request_ms * 1e-3)
+        # `vllm bench serve` runs come through the HTTP server; the offline scripts and MLPerf harnesses do not
+        through_server = m.format == "vllm_serve" or m.settings.api_server
+        frontend_s = cost.overheads.frontend_ms * 1e-3 / max(1, m.settings.api_servers) if through_server else 0.0
+        state = solve(cost.steady, isl, osl, 0, load, limits, cost.overheads.request_ms * 1e-3,
+                      frontend_s=frontend_s)
         return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
                 "output_tok_s": state.output_tokens_per_s, "e2e_latency_ms": state.e2e_s.get("mean", 0.0) * 1e3}
 

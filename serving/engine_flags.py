@@ -20,6 +20,8 @@ class StatedSettings:
     expert_parallel: bool = False            # experts sharded over the whole TP x DP group
     chunked_prefill: bool | None = None
     scheduler_steps: int = 1                 # vLLM's multi-step scheduling: one schedule per this many decodes
+    api_server: bool = False                 # requests come through the engine's HTTP server (not its Python API)
+    api_servers: int = 1                     # processes taking requests in (vLLM's --api-server-count)
 
 
 # flag (as any engine spells it) -> (setting, parser of its value); a switch (no value, or true/false) parses
@@ -46,7 +48,11 @@ FLAGS: dict[str, tuple[str, object]] = {
     "--enable-chunked-prefill": ("chunked_prefill", SWITCH),
     "--no-enable-chunked-prefill": ("chunked_prefill", NEGATED),
     "--num-scheduler-steps": ("scheduler_steps", _INT),
+    "--api-server-count": ("api_servers", _INT),                # vLLM
 }
+# launch lines that start an engine's OpenAI-compatible HTTP server: its requests pass the server's frontend
+SERVER_LAUNCHES = (re.compile(r"\bvllm\s+serve\b"), re.compile(r"vllm\.entrypoints\.openai"),
+                   re.compile(r"sglang\.launch_server"), re.compile(r"\btrtllm-serve\b"))
 _VALUE = r"\s*(?:=|\s)\s*(?:\{[^}]*?:\s*)?['\"]?([A-Za-z0-9_.]+)"
 
 
@@ -72,7 +78,9 @@ def stated_settings(flags: str | None) -> StatedSettings:
                 continue            # a placeholder ($BS) states nothing
         out = replace(out, **{name: value})
         stated.add(name)
+    if flags and any(p.search(flags) for p in SERVER_LAUNCHES):
+        out = replace(out, api_server=True)
     return out
 
 
-__all__ = ["FLAGS", "NEGATED", "SWITCH", "StatedSettings", "stated_settings"]
+__all__ = ["FLAGS", "NEGATED", "SERVER_LAUNCHES", "SWITCH", "StatedSettings", "stated_settings"]

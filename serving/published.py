@@ -87,6 +87,7 @@ class PublishedRun:
     percentiles: dict = field(default_factory=dict)  # {"ttft_ms": {"p99": ..}, "tpot_ms": {...}} as measured
     latency_limits: dict = field(default_factory=dict)   # MLPerf's p99 limits, {"ttft_ms": 2000, "tpot_ms": 200}
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
+    api_servers: int = 0         # HTTP server processes the requests came through (0: the engine's Python API)
 
 
 def _engine(text: str) -> str | None:
@@ -207,7 +208,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         "trtllm-bench" in (r.get("engine_flags") or "") or "trtllm-bench" in (r.get("engine") or ""), ep, replicas,
         flags.max_num_seqs, flags.max_batched_tokens, flags.chunked_prefill, r.get("mode", ""), percentiles,
         _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {},
-        next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None))
+        next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
+        flags.api_servers if flags.api_server else 0)
     return run, None
 
 
@@ -278,8 +280,11 @@ class Predictor:
             if limits.kv_tokens < need:     # a setup that serves nothing is refused, not priced as ~0 tokens/s
                 raise ValueError(f"the KV cache holds {limits.kv_tokens} tokens, less than one request's "
                                  f"{need:.0f} (weights, reserve and activations leave too little memory)")
+            # one server process takes in every replica's requests (each replica sees 1/replicas of them)
+            frontend_s = cost.overheads.frontend_ms * 1e-3 * run.replicas / run.api_servers if run.api_servers else 0.0
             state = solve(cost.steady, run.isl, run.osl, 0, run.load, limits,
-                          cost.overheads.request_ms * 1e-3, lengths=lengths)
+                          cost.overheads.request_ms * 1e-3, lengths=lengths, frontend_s=frontend_s,
+                          tokens_per_step=cost.tokens_per_step)
         finally:
             cost.overheads = fitted
         pred = {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,

@@ -25,6 +25,7 @@ from .capacity import OUTPUT_KV_SHARE, ReplicaMemory
 from .layouts import Layout
 from .lengths import LengthDistribution, fixed_lengths
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, admitted, solve
+from .speculative import Speculation, SpeculativeStep, speculative_step
 from .step_cost import StepCost
 
 MIXED, DISAGG = "mixed", "disagg"
@@ -71,6 +72,7 @@ class EngineSettings:
     memory_fraction: float | None = None
     overheads: ServingOverheads | None = None
     release: str | None = None               # the engine release whose overheads price a step (None: newest)
+    speculation: Speculation | None = None   # speculative decoding (serving/speculative.py), None: none
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Candidate:
     verified: dict | None = None       # the simulator's numbers for the same setup (--verify)
     tpot_stats_ms: dict = field(default_factory=dict)   # a request's TPOT: mean, p50, p90, p99
     queue_ms: float = 0.0              # mean wait for a slot in the running batch
+    speculation: str | None = None     # the speculative setup's label (mtp k=2), None: none
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -117,7 +120,7 @@ class Candidate:
                "max_num_seqs": self.max_num_seqs, "max_batched_tokens": self.max_batched_tokens,
                "kv_tokens_per_replica": self.kv_tokens, "limited_by": self.limited_by,
                "meets_limits": self.meets_limits, "why_not": self.why_not, "notes": self.notes,
-               "tpot_stats_ms": self.tpot_stats_ms, "queue_ms": self.queue_ms}
+               "tpot_stats_ms": self.tpot_stats_ms, "queue_ms": self.queue_ms, "speculation": self.speculation}
         if self.memory is not None:
             m = self.memory
             out["memory_gb_per_gpu"] = {"weights": m.weights / 1e9, "activations": m.activations / 1e9,
@@ -144,11 +147,12 @@ class Searcher:
         self._costs: dict = {}
 
     # -- one replica -------------------------------------------------------------------------------------------
-    def cost(self, layout: Layout) -> StepCost:
+    def cost(self, layout: Layout) -> StepCost | SpeculativeStep:
         par = layout.parallelism
         if par not in self._costs:
-            self._costs[par] = StepCost(self.spec, self.hw, self.options, self.settings.execution, par,
-                                        self.settings.engine, self.settings.overheads, self.settings.release)
+            self._costs[par] = speculative_step(
+                StepCost(self.spec, self.hw, self.options, self.settings.execution, par, self.settings.engine,
+                         self.settings.overheads, self.settings.release), self.settings.speculation)
         return self._costs[par]
 
     def engine_limits(self, layout: Layout) -> tuple[Limits, ReplicaMemory]:
@@ -173,8 +177,10 @@ class Searcher:
         else:
             per_engine = replace(load, value=load.value / engines, spread=engines,
                                  requests=math.ceil(load.requests / engines))
+        # each engine instance takes its requests in through its own HTTP server
         state = solve(cost.steady, self.w.input_tokens, self.w.output_tokens, self.w.cached_tokens, per_engine,
-                      limits, cost.overheads.request_ms * 1e-3, self.w.shared_prefix_kv, self.w.lengths)
+                      limits, cost.overheads.request_ms * 1e-3, self.w.shared_prefix_kv, self.w.lengths,
+                      cost.overheads.frontend_ms * 1e-3, cost.tokens_per_step)
         return state, limits, mem
 
     def mixed(self, layout: Layout, load: Load) -> Candidate:
@@ -203,7 +209,8 @@ class Searcher:
                          _ms(state.e2e_s), state.output_tokens_per_s * engines, state.total_tokens_per_s * engines,
                          layout.gpus, mem, limits.max_num_seqs * layout.pp, limits.max_batched_tokens,
                          mem.kv_tokens, state.limited_by, not why, why, notes,
-                         tpot_stats_ms=tpot_stats, queue_ms=state.queue_s * 1e3)
+                         tpot_stats_ms=tpot_stats, queue_ms=state.queue_s * 1e3,
+                         speculation=self.settings.speculation.label if self.settings.speculation else None)
 
     def best_rate(self, layout: Layout) -> Candidate:
         """The highest request rate this layout serves within the limits (the saturation rate without limits)."""
@@ -237,7 +244,7 @@ class Searcher:
 
         def at(rate: float) -> SteadyState:
             return solve(cost.steady, self.w.input_tokens, 1, self.w.cached_tokens, Load(RATE, rate), limits,
-                         cost.overheads.request_ms * 1e-3)
+                         cost.overheads.request_ms * 1e-3, frontend_s=cost.overheads.frontend_ms * 1e-3)
 
         top = at(1e9).request_rate * 0.999
         if ttft_budget_ms is None:
@@ -259,10 +266,11 @@ class Searcher:
         ctx = self.w.input_tokens + self.w.output_tokens // 2
         # decode instances hold whole requests and ignore the prefix cache
         admit = admitted(limits, self.w.input_tokens, self.w.output_tokens)
-        best = (0.0, 0.0, cost.steady(1, 0, 1, 0, ctx))
+        per_token = 1.0 / cost.tokens_per_step      # a speculative step advances a request several tokens
+        best = (0.0, 0.0, cost.steady(1, 0, 1, 0, ctx) * per_token)
         n = 1
         while n <= admit:
-            s = cost.steady(n, 0, 1, 0, ctx)
+            s = cost.steady(n, 0, 1, 0, ctx) * per_token
             if self.limits.tpot_ms is not None and s * 1e3 > self.limits.tpot_ms:
                 break
             best = (n / (max(1, self.w.output_tokens - 1) * s), n, s)
@@ -303,7 +311,7 @@ class Searcher:
             ctx = self.w.input_tokens + self.w.output_tokens // 2
             share, cost_d, n = rate / d, self.cost(decode), 1.0
             for _ in range(60):
-                tpot_s = cost_d.steady(max(n, 1.0), 0, 1, 0, ctx)
+                tpot_s = cost_d.steady(max(n, 1.0), 0, 1, 0, ctx) / cost_d.tokens_per_step
                 n_new = share * max(1, self.w.output_tokens - 1) * tpot_s
                 if abs(n_new - n) <= 1e-6 * max(n, 1.0):
                     break
@@ -314,7 +322,7 @@ class Searcher:
         cost_p = self.cost(prefill)
         limits_p, mem_p = self.engine_limits(prefill)
         at = solve(cost_p.steady, self.w.input_tokens, 1, self.w.cached_tokens, Load(RATE, rate / p), limits_p,
-                   cost_p.overheads.request_ms * 1e-3)
+                   cost_p.overheads.request_ms * 1e-3, frontend_s=cost_p.overheads.frontend_ms * 1e-3)
         ttft = {k: (v + transfer_s) * 1e3 for k, v in at.ttft_s.items()}
         tpot = tpot_s * 1e3
         o = self.w.output_tokens

@@ -6,6 +6,7 @@ instance whose clock is earliest.
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ class ServerConfig:
     routing: str = "round-robin"
     overlap_store: bool = True        # the GPU->CPU write-through runs beside compute, as both engines do it
     gpus_per_instance: int = 1
+    api_server: bool = True           # each instance takes requests in through its HTTP server's one process
 
     @property
     def gpus(self) -> int:
@@ -56,11 +58,22 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
                       config, cpu, res, on_finish=arrivals.on_finish) for i in range(config.instances)]
     router = make_router(config.routing)
     fits = engines[0].cache.capacity_blocks
+    # an instance's HTTP server takes requests in one at a time (cost/engines.py ServingOverheads.frontend_ms):
+    # a routed request enters its engine once the server has taken it and those before it in
+    intake_s = cost.overheads.frontend_ms * 1e-3 if config.api_server else 0.0
+    server_free = [-float("inf")] * len(engines)
+    entering: list = []            # heap of (entry time, order, seq, engine)
     last_t, ticks = 0.0, 0
     while True:
         busy = [e for e in engines if e.has_work()]
         engine = min(busy, key=lambda e: (e.clock, e.index)) if busy else None
         t_arrival = arrivals.next_time()
+        t_entry = entering[0][0] if entering else None
+        if t_entry is not None and (t_arrival is None or t_entry <= t_arrival) and \
+                (engine is None or t_entry <= engine.clock):
+            _, _, seq, target = heapq.heappop(entering)
+            target.enqueue(seq, t_entry)
+            continue
         if t_arrival is None and engine is None:
             break
         if t_arrival is not None and (engine is None or t_arrival <= engine.clock):
@@ -71,12 +84,17 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
                 res.rejected_ids.append(req.rid)
                 continue
             seq = Seq(req, req.block_hashes if config.prefix_caching else [])
-            router(engines, seq).enqueue(seq, t_arrival)
+            target = router(engines, seq)
+            if intake_s > 0:
+                server_free[target.index] = max(t_arrival, server_free[target.index]) + intake_s
+                heapq.heappush(entering, (server_free[target.index], req.rid, seq, target))
+            else:
+                target.enqueue(seq, t_arrival)
             continue
         if cpu is not None and engine.clock > last_t:
             res.cpu_block_s += len(cpu) * (engine.clock - last_t)
             last_t = engine.clock
-        engine.step(t_arrival if t_arrival is not None else float("inf"))
+        engine.step(min(t for t in (t_arrival, t_entry, float("inf")) if t is not None))
         ticks += 1
         if on_progress is not None and ticks % PROGRESS_EVERY == 0:
             on_progress(len(res.records) + len(res.rejected_ids), len(requests))

@@ -96,12 +96,17 @@ def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_token
 
 def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load: Load, limits: Limits,
           request_overhead_s: float = 0.0, shared_prefix_kv: bool = False,
-          lengths: LengthDistribution | None = None) -> SteadyState:
+          lengths: LengthDistribution | None = None, frontend_s: float = 0.0,
+          tokens_per_step: float = 1.0) -> SteadyState:
     """`step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context)`: seconds of one engine step
     (serving/step_cost.py StepCost.steady). `shared_prefix_kv`: the cached prefix is one prefix every request
     shares, held once in the KV cache rather than once per request (the RFC's default counts it per request).
     `lengths`: per-request lengths; when given, input_tokens and output_tokens are ignored (its means are used,
-    with its spread), and every request's first `cached_tokens` tokens hit the prefix cache."""
+    with its spread), and every request's first `cached_tokens` tokens hit the prefix cache. `frontend_s`: the
+    serial per-request time of the HTTP server in front of this replica (cost/engines.py
+    ServingOverheads.frontend_ms): requests enter the engine one at a time at that pace. `tokens_per_step`: the
+    tokens a decoding request gains per step (speculative decoding's mean accepted tokens, serving/speculative.py;
+    `step` then prices a speculative step), 1 otherwise."""
     if lengths is not None:
         input_tokens = lengths.mean_input
         o = max(1.0, lengths.mean_output)
@@ -123,6 +128,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         residence_variation = 0.0
         described = fixed_lengths(input_tokens, o)
     prompt = sum(w * x for w, x in prompts)
+    decode_steps = (o - 1) / tokens_per_step     # steps a request decodes for
     budget = limits.max_batched_tokens
     # prompts are prefilled in chunks of up to the budget, each over the cached prefix and earlier chunks
     chunk = min(prompt, budget) if limits.chunked_prefill else prompt
@@ -193,14 +199,14 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         s = step(0, min(prompt, budget))
         for _ in range(60):
             # past the admission and budget limits the load is infeasible anyway: never price absurd shapes
-            n = min(rate * (o - 1) * s, 2.0 * admit + 2)
+            n = min(rate * decode_steps * s, 2.0 * admit + 2)
             p = min(rate * prompt * s, 2.0 * budget)
             # the steps a decoding request sees hold it too: at a light load a step of one, not of a fraction
             s_new = mean_step(max(n, 1.0), p)
             if abs(s_new - s) <= 1e-6 * s:
                 break
             s = 0.5 * (s + s_new)
-        return min(rate * (o - 1) * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget), s
+        return min(rate * decode_steps * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget), s
 
     def own_prefill_steps(n: float) -> float:
         capacity = prefill_capacity(n)
@@ -208,7 +214,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
     def residence_steps(n: float) -> float:
         """Steps a request holds its slot: its prompt's chunks and its O - 1 decodes."""
-        return (o - 1) + own_prefill_steps(n)
+        return decode_steps + own_prefill_steps(n)
 
     def moments_at(rate: float, running: float) -> tuple[float, float]:
         """Mean and mean square of a step with `running` requests in their slots at `rate` (the prefill tokens
@@ -217,7 +223,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         key = (rate, running)
         if key in at_rate:
             return at_rate[key]
-        decoding = max(1.0, running * (o - 1) / residence_steps(running))
+        decoding = max(1.0, running * decode_steps / residence_steps(running))
 
         def gap(s: float) -> float:
             return mean_step(decoding, min(rate * prompt * s, 2.0 * budget)) - s
@@ -263,15 +269,16 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             f = 0.0 if grid[hi] == grid[lo] else min(1.0, max(0.0, (m - grid[lo]) / (grid[hi] - grid[lo])))
             mean = table[lo][0] + f * (table[hi][0] - table[lo][0])
             square = table[lo][1] + f * (table[hi][1] - table[lo][1])
-            cells.append((w, m * (o - 1) / residence_steps(m), mean, square))
+            cells.append((w, m * decode_steps / residence_steps(m), mean, square))
         return cells, (law.queued, law.wait_rate)
 
     def tpot_quantiles(cells) -> dict:
         """A request's TPOT: the mean of its O - 1 steps, each drawn from the steps at the batch it decodes in
         (which of them carry a prefill chunk is random), that batch averaged over its life."""
-        mean = sum(w * m for w, _, m, _ in cells)
+        e = tokens_per_step
+        mean = sum(w * m for w, _, m, _ in cells) / e
         keep = math.sqrt(LIFE_AVERAGE_VARIANCE)
-        parts = [(w * v, mean + keep * (m - mean), math.sqrt(max(0.0, sq - m * m) / max(1.0, x - 1)))
+        parts = [(w * v, mean + keep * (m / e - mean), math.sqrt(max(0.0, sq - m * m) / max(1.0, (x - 1) / e)) / e)
                  for w, _, m, sq in cells for v, x in outputs]
         return {"mean": mean, **normal_mix_quantiles(parts)}
 
@@ -320,6 +327,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return {"mean": mean, **ttft_quantiles(classes, biased, waits)}
 
     def feasible(rate: float) -> tuple[bool, str, tuple]:
+        if rate * frontend_s > 0.98:    # the server's process cannot take requests in as fast as they come
+            return False, "api server", (0.0, 0.0, 0.0)
         n, p, s = state(rate)
         binding = "max_num_seqs" if admit == limits.max_num_seqs else "kv_cache"
         if z >= MIN_PEAKEDNESS and load.kind == RATE:
@@ -352,13 +361,22 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         running = sum(w * n for w, n, _, _ in cells)
         s = sum(w * m for w, _, m, _ in cells)
         square = sum(w * sq for w, _, _, sq in cells)
-        t = ttft(running, s, square, load.arrival == "poisson" and load.kind == RATE, rate, admission)
-        t = {k: v + ttft_extra for k, v in t.items()}
+        poisson = load.arrival == "poisson" and load.kind == RATE
+        t = ttft(running, s, square, poisson, rate, admission)
+        t = {k: v + ttft_extra + frontend_delay(rate, poisson) for k, v in t.items()}
         tpot = tpot_quantiles(cells)
-        e2e = {k: v + (o - 1) * s for k, v in t.items()}
+        e2e = {k: v + decode_steps * s for k, v in t.items()}
         queue = admission[0] / admission[1] if admission[0] > 0 and admission[1] > 0 else 0.0
-        return SteadyState(stable, rate, running, s, t, s, e2e, rate * o, rate * (input_tokens + o), limited, note,
-                           tpot, queue, described)
+        return SteadyState(stable, rate, running, s, t, s / tokens_per_step, e2e, rate * o,
+                           rate * (input_tokens + o), limited, note, tpot, queue, described)
+
+    def frontend_delay(rate: float, poisson: bool) -> float:
+        """A request's time in the HTTP server: its own intake, and (Poisson arrivals) its wait behind others
+        (a queue with one server of constant service time: rho f / 2(1 - rho))."""
+        if frontend_s <= 0:
+            return 0.0
+        rho = min(rate * frontend_s, 0.98)
+        return frontend_s + (rho * frontend_s / (2 * (1 - rho)) if poisson else 0.0)
 
     def walked(arrivals: list[float], steady: SteadyState, limited: str, note: str) -> SteadyState:
         count = len(arrivals)
@@ -366,8 +384,15 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             requests = [(prompts[0][1], int(o))] * count
         else:
             requests = [(max(1, i - cached_tokens), out) for i, out in lengths.sample(count)]
-        walk = _walk(step, arrivals, requests, admit, budget, limits.chunked_prefill)
-        return _walked(walk, steady, request_overhead_s, requests, cached_tokens, limited, note)
+        entries, last = [], -math.inf     # each enters the engine once the server has taken it (and those before) in
+        for a in arrivals:
+            last = max(a, last) + frontend_s
+            entries.append(last)
+        walk = _walk(step, entries, requests, admit, budget, limits.chunked_prefill, tokens_per_step)
+        delays = [e - a for a, e in zip(arrivals, entries)]
+        if frontend_s > 0:
+            note += f"; the HTTP server takes one request in every {frontend_s * 1e3:.3g} ms"
+        return _walked(walk, steady, request_overhead_s, requests, cached_tokens, limited, note, delays)
 
     shared = cached_tokens if shared_prefix_kv else 0
     if limits.attention_kv and limits.kv_tokens - shared < whole - shared + limits.state_tokens:
@@ -440,9 +465,13 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
 
 def _walked(walk, steady: SteadyState, overhead_s: float, requests: list[tuple[int, int]], cached_tokens: int,
-            limited: str, note: str) -> SteadyState:
+            limited: str, note: str, delays: list[float] | None = None) -> SteadyState:
+    """`delays`: each request's time between its arrival and its entry into the engine (by arrival order)."""
     waits, tpots, makespan = walk
     ttft = [overhead_s + w for w in waits]
+    if delays and any(delays):      # waits come in the order prompts finish, which is entry (= arrival) order
+        ttft = [t + d for t, d in zip(ttft, delays)]
+        makespan += delays[0]          # the walk's clock starts at the first entry, the run at the first arrival
     q = {"mean": sum(ttft) / len(ttft), **{f"p{k}": percentile(ttft, k) for k in (50, 90, 99)}}
     tpot_mean = sum(tpots) / len(tpots) if tpots else 0.0
     tpot = {"mean": tpot_mean, **{f"p{k}": percentile(tpots, k) or 0.0 for k in (50, 90, 99)}}
@@ -455,7 +484,7 @@ def _walked(walk, steady: SteadyState, overhead_s: float, requests: list[tuple[i
 
 
 def _walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: int, budget: int, chunked: bool,
-          ) -> tuple[list[float], list[float], float]:
+          tokens_per_step: float = 1.0) -> tuple[list[float], list[float], float]:
     """An engine's steps over requests [(prompt tokens to prefill, output tokens)] arriving at `arrivals`
     (sorted seconds): (each request's wait for its first token, each TPOT, makespan from the first arrival to the
     last token). Each step fills the token budget with the running requests' decodes, then with prefill of the
@@ -502,7 +531,7 @@ def _walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: i
         for arrival, _, output in prefilling[:finished]:
             waits.append(t - arrival)
             if output > 1:
-                heapq.heappush(decoding, (steps + output - 1, t, output))
+                heapq.heappush(decoding, (steps + math.ceil((output - 1) / tokens_per_step), t, output))
             else:
                 done += 1
         del prefilling[:finished]

@@ -30,6 +30,8 @@ def _pow2_at_least(n: int) -> int:
 
 
 class StepCost:
+    tokens_per_step = 1.0     # tokens a decoding request gains per step (serving/speculative.py: more)
+
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str,
                  par: Parallelism | int, engine: str = "vllm", overheads: ServingOverheads | None = None,
                  release: str | None = None):
@@ -53,6 +55,7 @@ class StepCost:
         self._launches: dict = {}
         self._cache: dict = {}
         self._linear: dict = {}
+        self._logits: dict = {}      # rows bucket -> seconds of the output projection beyond linear()'s one row
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
         self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
         self._sampled: dict = {}     # rows -> sampling seconds
@@ -92,6 +95,20 @@ class StepCost:
         if t is None:
             t = self._linear[tokens] = _pow2_lerp(lambda n: self._parts(Request(1, n, 0))[0], tokens)
         return t
+
+    def logits(self, rows: float) -> float:
+        """The output projection of `rows` rows beyond the one `linear` includes: a step computes the next-token
+        logits of every sequence it samples (each decode, each prompt that completes; every verified position of a
+        speculative step), not only of the last token."""
+        if rows <= 1:
+            return 0.0
+
+        def extra(b: int) -> float:
+            t = self._logits.get(b)
+            if t is None:    # b sequences of one token each: b logit rows; linear(b) has one
+                t = self._logits[b] = max(0.0, self._parts(Request(b, 1, 0))[0] - self.linear(b))
+            return t
+        return _pow2_lerp(extra, rows)
 
     def _per_token_prefill(self, tokens_bucket: int, context_bucket: int, seqs_bucket: int = 1) -> float:
         key = (tokens_bucket, context_bucket, seqs_bucket)
@@ -135,7 +152,7 @@ class StepCost:
             tokens += chunk_tokens
             attention += self.prefill_attention(chunk_tokens / len(chunks), sum(c for _, c in chunks) / len(chunks),
                                                 len(chunks))
-        kernels = self._staged(self.linear(tokens) + attention, tokens)
+        kernels = self._staged(self.linear(tokens) + self.logits(decode_batch + len(chunks)) + attention, tokens)
         return kernels + self.beyond_kernels(decode_batch + len(chunks), tokens, kernels,
                                              decode_only=not chunks)
 
@@ -200,7 +217,7 @@ class StepCost:
         attention = _lerp(lambda b: self.decode_attention(b, round(decode_context)), decoding) if decoding else 0.0
         if prefill_tokens > 0:
             attention += self.prefill_attention(chunk_tokens, chunk_context, prefill_tokens / chunk_tokens)
-        kernels = self._staged(_lerp(self.linear, tokens) + attention, tokens)
+        kernels = self._staged(_lerp(self.linear, tokens) + self.logits(sequences) + attention, tokens)
         return kernels + self.beyond_kernels(sequences, math.ceil(tokens), kernels, decode_only=prefill_tokens <= 0)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 
 from cost.engines import ENGINES
 from cost.layout_checks import Layout as CheckedLayout, ModelFacts, check_layout
@@ -33,8 +34,9 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, dumps_strict, hit_rate, model_spec,
-                      positive_int, quiet_broken_pipe, run_main, trace_options, warn)
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, add_speculation_arguments,
+                      dumps_strict, hit_rate, model_spec, positive_int, quiet_broken_pipe, run_main, speculations,
+                      trace_options, warn)
 from ..progress import Progress
 from .config import InputError
 from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
@@ -107,6 +109,12 @@ def optimize(args, on_progress=None) -> dict:
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
                               release=args.engine_release)
     searcher = Searcher(spec, hw, options, workload, settings, limits)
+    drafts = speculations(args)
+    if drafts and args.mode == DISAGG:
+        raise InputError("--speculative is searched in mixed mode: use --mode mixed or both")
+    # each speculative setup is a searcher of its own, beside the one without speculation
+    searchers = [searcher] + [Searcher(spec, hw, options, workload, replace(settings, speculation=d), limits)
+                              for d in drafts]
     heads, experts = _model_facts(spec, options)
     if args.ep_sizes and not experts:
         raise InputError(f"--ep-sizes: {spec.name} has no routed experts")
@@ -135,13 +143,15 @@ def optimize(args, on_progress=None) -> dict:
     load = _load(args)
     modes = [MIXED, DISAGG] if args.mode == "both" else [args.mode]
     candidates: list[Candidate] = []
-    steps = [(m, lay) for m in modes for lay in plan if m == MIXED or (lay.pp == 1 and not lay.attention_dp)]
-    for i, (mode, lay) in enumerate(steps):
+    steps = [(m, lay, s) for m in modes for lay in plan for s in (searchers if m == MIXED else [searcher])
+             if m == MIXED or (lay.pp == 1 and not lay.attention_dp)]
+    for i, (mode, lay, srch) in enumerate(steps):
         if on_progress:
-            on_progress(i, len(steps), f"{mode} {lay.label}")
+            on_progress(i, len(steps), f"{mode} {lay.label}" + (f" {srch.settings.speculation.label}"
+                                                                 if srch.settings.speculation else ""))
         if mode == MIXED:
             best = load.kind == MAX and not load.requests
-            candidates.append(searcher.best_rate(lay) if best else searcher.mixed(lay, load))
+            candidates.append(srch.best_rate(lay) if best else srch.mixed(lay, load))
         else:
             replica = lay.gpus_per_replica
             for decode_tp in sorted({lay.tp} | {t.tp for t in plan if t.pp == 1 and not t.attention_dp}):
@@ -188,6 +198,7 @@ def optimize(args, on_progress=None) -> dict:
         "evaluated": len(candidates), "refused_layouts": refused, "warnings": list(report.warnings),
         "pareto": {("none" if rate is None else f"{rate:g}"): [p.as_json() for p in frontier(group)]
                    for rate, group in by_hit_rate(points).items()},
+        "speculation": _speculation_summary(drafts, candidates),
     }
     if args.plot:
         plot(points, args.plot, args.ttft_limit, args.tpot_limit,
@@ -248,6 +259,23 @@ def serving_layout(args, c: Candidate, experts: int, hw) -> ServingLayout:
                          weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None)
 
 
+def _speculation_summary(drafts, candidates: list[Candidate]) -> dict | None:
+    """Per speculative setup (and none): its best output tokens/s within the limits, so that a setup that loses
+    (speculation at high batch) is seen losing."""
+    if not drafts:
+        return None
+    best: dict = {}
+    for c in candidates:
+        if c.mode == MIXED and c.meets_limits:
+            key = c.speculation or "none"
+            best[key] = max(best.get(key, 0.0), c.output_tokens_per_s)
+    setups = [{"setup": d.label, "tokens_per_step": d.tokens_per_step, "acceptance": list(d.acceptance),
+               "source": d.source, "best_output_tokens_per_s": best.get(d.label)} for d in drafts]
+    base = best.get("none")
+    winner = max(best, key=best.get) if best else None
+    return {"setups": setups, "without_output_tokens_per_s": base, "winner": winner}
+
+
 def _candidate_json(c: Candidate, shapes: ServingShapes) -> dict:
     out = c.as_json()
     out["prefill_batch_size"] = shapes.prefill_batch_size
@@ -266,7 +294,8 @@ def _layout_text(c: dict) -> str:
         return s
     if c["mode"] == DISAGG:
         return f"P{c['prefill']['instances']}x({one(c['prefill'])}) D{c['decode']['instances']}x({one(c['decode'])})"
-    return one(c) + (f" ADP{c['dp_size']}" if c["attention_dp"] else f" DP{c['dp_size']}")
+    spec = f" +{c['speculation']}" if c.get("speculation") else ""
+    return one(c) + (f" ADP{c['dp_size']}" if c["attention_dp"] else f" DP{c['dp_size']}") + spec
 
 
 def render(r: dict) -> str:
@@ -318,6 +347,15 @@ def render(r: dict) -> str:
     notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
                     "priced" in n})
     refused = [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
+    spec = r.get("speculation")
+    if spec:
+        parts = [f"{s['setup']} ({s['tokens_per_step']:.2f} tokens/step): "
+                 + (f"{s['best_output_tokens_per_s']:,.0f}" if s["best_output_tokens_per_s"] else "none within limits")
+                 for s in spec["setups"]]
+        base = spec["without_output_tokens_per_s"]
+        tail += ("\nspeculation, best output tokens/s within the limits: without "
+                 + (f"{base:,.0f}" if base else "none") + "; " + "; ".join(parts)
+                 + (f"; winner: {spec['winner']}" if spec["winner"] else ""))
     return "\n".join([head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
 
 
@@ -426,6 +464,7 @@ def main(argv=None) -> int:
                    help="draw tokens/s/GPU against tokens/s/user, the Pareto frontier marked (needs matplotlib)")
     p.add_argument("--emit", default=None, choices=list(LAUNCHERS),
                    help="print the best layout as this engine's launch command")
+    add_speculation_arguments(p, several_k=True)
     p.add_argument("--top", type=positive_int, default=10, help="candidates to show (default 10)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_model_arguments(p)

@@ -1,0 +1,104 @@
+"""Speculative decoding (issue 22): the step's work against hand formulas, acceptance as an input, the steady
+state's tokens per step, memory, and the optimizer's search over k with speculation losing at high batch."""
+import json
+
+import pytest
+
+from cli.inference.throughput_optimizer import main as opt_main
+from cost.estimate import Parallelism
+from cost.profile import load_profile
+from serving.speculative import draft_spec, parse_speculation, speculative_step
+from serving.steady_state import RATE, Limits, Load, solve
+from serving.step_cost import StepCost
+from tracer import TraceOptions, resolve_model
+from tracer.trace import trace
+from tracer.work import Request
+
+
+def gemm_flops(run) -> float:
+    return sum(op.flops * op.count for op in run.ops if op.op_class == "gemm")
+
+
+def test_tokens_per_step_and_acceptance_inputs():
+    s = parse_speculation("ngram", 3, acceptance_rate=0.5)
+    assert s.tokens_per_step == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    L = parse_speculation("eagle3", 4, acceptance_length=2.5)
+    assert L.tokens_per_step == pytest.approx(2.5, rel=1e-6)
+    mtp = parse_speculation("mtp", 1)       # DeepSeek-V3 report: the second token is accepted 85-90% of the time
+    assert 1.85 <= mtp.tokens_per_step <= 1.9 and "2412.19437" in mtp.source
+    assert parse_speculation("mtp", 7).tokens_per_step == pytest.approx(3.2, abs=0.05)   # the Nebius card's 3.20
+    for args, message in [(("medusa", 2), "unknown speculative method"), (("mtp", 0), "1..16"),
+                          (("ngram", 2), "no published default"), (("draft", 2), "unknown speculative method"),
+                          (("eagle3", 2, 0.5, 2.0), "not both"), (("eagle3", 2, None, 3.5), r"\(1, 3\)"),
+                          (("eagle3", 2, 1.2), r"\(0, 1\)")]:
+        with pytest.raises(ValueError, match=message):
+            parse_speculation(*args)
+
+
+def test_eagle3_draft_is_one_llama_layer_with_its_own_head():
+    """Hand formula: one layer's GEMM FLOPs (q, k, v, o and the gated MLP) plus the 32k-token head, 2 x params
+    x tokens."""
+    target = resolve_model("llama-3.1-8b")
+    draft = draft_spec(target, parse_speculation("eagle3", 3))
+    c = target.config
+    h, i, kv = c["hidden_size"], c["intermediate_size"], c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"])
+    layer = h * h * 2 + 2 * h * kv + 3 * h * i
+    n = 64
+    run = trace(draft, Request(n, 1, 0))
+    assert gemm_flops(run) == pytest.approx(2 * n * (layer + h * 32000), rel=1e-3)
+
+
+def test_mtp_draft_is_one_moe_layer_and_its_memory_counts():
+    target = resolve_model("deepseek-v3")
+    draft = draft_spec(target, parse_speculation("mtp", 1))
+    assert draft.config["num_hidden_layers"] == 1 and draft.config["first_k_dense_replace"] == 0
+    run = trace(draft, Request(1, 1, 0))
+    assert any(op.experts is not None for op in run.ops)             # a routed-expert layer, like the last ones
+    with pytest.raises(ValueError, match="no multi-token-prediction layer"):
+        draft_spec(resolve_model("llama-3.1-8b"), parse_speculation("mtp", 1))
+    cost = StepCost(target, load_profile("h200"), TraceOptions(), "engine", Parallelism(8, ep=8), "vllm")
+    step = speculative_step(cost, parse_speculation("mtp", 1))
+    base, spec = cost.replica_memory(8192), step.replica_memory(8192)
+    # DeepSeek-V3's MTP module: ~11.5B parameters besides the shared embedding and head, FP8, over 8 GPUs
+    assert 1.2e9 < spec.weights - base.weights < 1.7e9
+    assert spec.kv_tokens < base.kv_tokens * 60 / 61 + 1          # one more layer's KV per token
+    ngram = speculative_step(cost, parse_speculation("ngram", 3, acceptance_rate=0.4))
+    assert ngram.replica_memory(8192).kv_tokens == base.kv_tokens and ngram.draft_seconds(8, 1000) == 0.0
+
+
+def test_verification_is_one_forward_not_k_decode_steps_and_loses_at_high_batch():
+    cost = StepCost(resolve_model("llama-3.1-8b"), load_profile("h100"), TraceOptions(), "engine", 1, "trtllm")
+    spec = parse_speculation("eagle3", 3, acceptance_rate=0.7)
+    step = speculative_step(cost, spec)
+    one, verify = cost.steady(1, 0, 1, 0, 2000), step.steady(1, 0, 1, 0, 2000)
+    assert one < verify < 1.6 * one          # weight reads dominate at batch 1: 4 tokens cost little more than 1
+    assert verify / spec.tokens_per_step < 0.75 * one
+    big = 512
+    assert step.steady(big, 0, 1, 0, 2000) / spec.tokens_per_step > cost.steady(big, 0, 1, 0, 2000)
+
+
+def test_steady_state_advances_by_the_tokens_per_step():
+    def fake_step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context):
+        return 0.010 + 1e-4 * decoding + 2e-6 * prefill_tokens
+    limits = Limits(max_num_seqs=256, max_batched_tokens=8192, kv_tokens=1_000_000)
+    plain = solve(fake_step, 500, 200, 0, Load(RATE, 5.0), limits)
+    spec = solve(fake_step, 500, 200, 0, Load(RATE, 5.0), limits, tokens_per_step=2.5)
+    assert spec.tpot_s == pytest.approx(spec.step_s / 2.5)
+    assert spec.running < 0.5 * plain.running and spec.e2e_s["mean"] < 0.5 * plain.e2e_s["mean"]
+
+
+def test_optimizer_searches_k_and_speculation_wins_only_at_a_tight_tpot(capsys):
+    common = ["llama-3.1-8b", "--device", "h100", "--num-devices", "1", "--engine", "trtllm", "--input-length",
+              "1000", "--output-length", "300", "--speculative", "eagle3", "--num-speculative-tokens", "2,4",
+              "--acceptance-rate", "0.6", "--json"]
+    assert opt_main(common) == 0
+    loose = json.loads(capsys.readouterr().out)
+    assert loose["speculation"]["winner"] == "none"             # max throughput: a big batch, verification wasted
+    assert {c["speculation"] for c in loose["candidates"]} == {None, "eagle3 k=2", "eagle3 k=4"}
+    assert opt_main(common + ["--tpot-limit", "6"]) == 0
+    tight = json.loads(capsys.readouterr().out)
+    assert tight["speculation"]["winner"].startswith("eagle3")
+    assert tight["best"]["speculation"] == tight["speculation"]["winner"]
+    assert opt_main(["llama-3.1-8b", "--device", "h100", "--speculative", "mtp", "--num-devices", "1",
+                     "--input-length", "100", "--output-length", "10"]) == 2
+    assert "no multi-token-prediction layer" in capsys.readouterr().err
