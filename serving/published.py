@@ -30,6 +30,7 @@ from .capacity import OUTPUT_KV_SHARE
 from .engine_flags import stated_settings
 from .lengths import bundled
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
+from .speculative import Speculation, parse_speculation, speculative_step
 from .step_cost import StepCost
 
 # HF ids -> bundled configs; a fine-tune or re-release of the same architecture maps to its base
@@ -41,6 +42,7 @@ MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-
           "Qwen/Qwen3-8B": "qwen3-8b", "Qwen/Qwen3-14B": "qwen3-14b", "Qwen/Qwen3-32B": "qwen3-32b",
           "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b", "openai/gpt-oss-20b": "gpt-oss-20b",
           "openai/gpt-oss-120b": "gpt-oss-120b", "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",   # V3's architecture
+          "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
           "zai-org/GLM-4.5-Air": "glm-4.5-air", "zai-org/GLM-4.6": "glm-4.6"}
 # NVIDIA's L40S runs reach every GPU peer-to-peer (their TP4/TP8 throughput is out of reach at the 4/8-GPU
 # bandwidth of the server the kernel tables were measured on): hw_profiles/l40s.json, topology pcie-switch
@@ -88,6 +90,7 @@ class PublishedRun:
     latency_limits: dict = field(default_factory=dict)   # MLPerf's p99 limits, {"ttft_ms": 2000, "tpot_ms": 200}
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
     api_servers: int = 0         # HTTP server processes the requests came through (0: the engine's Python API)
+    speculation: Speculation | None = None   # the chain draft the run used
 
 
 def _engine(text: str) -> str | None:
@@ -144,6 +147,29 @@ def _checkpoint_kv(checkpoint: str | None) -> str | None:
     return next((kv for pattern, kv in CHECKPOINT_KV if checkpoint and pattern.match(checkpoint)), None)
 
 
+# engines' names for their drafts -> tracecost's (serving/speculative.py)
+SPECULATIVE_METHODS = {"mtp": "mtp", "deepseek_mtp": "mtp", "nextn": "mtp", "eagle3": "eagle3", "ngram": "ngram"}
+
+
+def _speculation(stated: dict) -> tuple[Speculation | None, str | None]:
+    """The chain draft a row's spec_decode states, or (None, why not): tree drafts (top-k > 1) are not priced."""
+    method = (stated.get("method") or "").lower()
+    if method == "eagle" and "mtp" in (stated.get("draft_model") or "").lower():
+        method = "mtp"           # SGLang runs DeepSeek's MTP head through its EAGLE worker
+    name = SPECULATIVE_METHODS.get(method)
+    if name is None:
+        return None, f"speculative method '{stated.get('method')}' is not modelled"
+    if (stated.get("eagle_topk") or 1) > 1:
+        return None, "tree drafts (top-k > 1) are not modelled, only chains"
+    k = stated.get("num_speculative_tokens") or stated.get("num_steps")
+    if not k:
+        return None, "speculative tokens per step not stated"
+    try:
+        return parse_speculation(name, int(k), acceptance_length=stated.get("acceptance") or None), None
+    except ValueError as e:
+        return None, str(e)
+
+
 def _skip_reason(r: dict, model, device, engine) -> str | None:
     if model is None:
         return f"model {r['model']} is not bundled"
@@ -152,7 +178,9 @@ def _skip_reason(r: dict, model, device, engine) -> str | None:
     if engine is None:
         return f"engine {r.get('engine')} has no kernel models"
     if r.get("spec_decode"):
-        return "speculative decoding is not modelled"
+        why = _speculation(r["spec_decode"])[1]
+        if why:
+            return why
     if (r.get("pp") or 1) != 1 or r.get("disaggregated") or r.get("attention_dp"):
         return "layout not priced (pipeline, disaggregated or attention-DP)"
     if _dtype(r.get("precision") or "", model, r.get("checkpoint")) is None:
@@ -209,7 +237,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         flags.max_num_seqs, flags.max_batched_tokens, flags.chunked_prefill, r.get("mode", ""), percentiles,
         _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {},
         next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
-        flags.api_servers if flags.api_server else 0)
+        flags.api_servers if flags.api_server else 0,
+        _speculation(r["spec_decode"])[0] if r.get("spec_decode") else None)
     return run, None
 
 
@@ -248,12 +277,14 @@ class Predictor:
         self._costs: dict = {}
 
     def cost(self, run: PublishedRun) -> StepCost:
-        key = (run.model, run.device, run.engine, run.release, run.dtype, run.kv_dtype, run.tp, run.ep)
+        key = (run.model, run.device, run.engine, run.release, run.dtype, run.kv_dtype, run.tp, run.ep,
+               run.speculation)
         if key not in self._costs:
             spec, hw = resolve_model(run.model), load_profile(run.device)
             options = TraceOptions(dtype=run.dtype, kv_cache_dtype=run.kv_dtype)
-            self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(run.tp, ep=run.ep), run.engine,
-                                        release=_known_release(run.engine, run.release))
+            self._costs[key] = speculative_step(
+                StepCost(spec, hw, options, "engine", Parallelism(run.tp, ep=run.ep), run.engine,
+                         release=_known_release(run.engine, run.release)), run.speculation)
         return self._costs[key]
 
     def limits(self, run: PublishedRun, cost: StepCost) -> Limits:

@@ -30,6 +30,9 @@ from .capacity import ReplicaMemory, kv_bytes_per_token, weight_bytes_per_gpu
 from .step_cost import StepCost, _lerp
 
 EAGLE3_VOCAB = 32000     # the draft vocabulary of the published EAGLE-3 heads (draft_vocab_size)
+# engines that cap the running batch when they speculate, unless told otherwise: SGLang resets
+# max_running_requests to 48 for EAGLE, EAGLE3 and NEXTN (python/sglang/srt/server_args.py)
+SPECULATIVE_MAX_RUNNING = {"sglang": 48}
 MAX_K = 16
 
 
@@ -177,8 +180,22 @@ class SpeculativeStep:
         self.tokens_per_step = speculation.tokens_per_step
         self._draft_memory: tuple[float, float] | None = None
 
-    def __getattr__(self, name):     # defaults, overheads, overhead_origin, stage_factor, ... are the target's
+    def __getattr__(self, name):     # defaults, overhead_origin, stage_factor, ... are the target's
         return getattr(self.target, name)
+
+    @property
+    def defaults(self):
+        cap = SPECULATIVE_MAX_RUNNING.get(self.target.engine)
+        d = self.target.defaults
+        return replace(d, max_num_seqs=min(d.max_num_seqs, cap)) if cap else d
+
+    @property
+    def overheads(self):
+        return self.target.overheads
+
+    @overheads.setter
+    def overheads(self, value) -> None:   # a fit tries overheads on the target that prices the step
+        self.target.overheads = value
 
     def formats_notes(self) -> list[str]:
         return self.target.formats_notes() + [self.speculation.describe(), DRAFT_NOTES[self.speculation.method]]

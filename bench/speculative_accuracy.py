@@ -1,0 +1,64 @@
+"""Published speculative-decoding runs against tracecost's predictions (issue 22).
+
+    python bench/speculative_accuracy.py [--data FILE...] [--json]
+
+Rows: every development-set row with a chain draft (tree drafts are refused, with the reason) and the curated
+published runs in bench/data/speculative_published.jsonl, each with its source. Each is predicted as
+`serving/published.py` predicts any row (its stated model, GPU, layout, formats, lengths and load), with the
+acceptance the run states, else the method's published default (serving/data/speculative.json). The same run
+without speculation is shown beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from serving.published import Predictor, load_published   # noqa: E402
+from tracer.table import format_table                       # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV = sorted(str(p) for p in (ROOT.parent / "shared" / "measurements" / "e2e").glob("*.jsonl"))
+CURATED = str(ROOT / "bench" / "data" / "speculative_published.jsonl")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", nargs="+", default=DEV + [CURATED], help="JSONL files of runs")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    runs, skipped = load_published(*args.data)
+    runs = [r for r in runs if r.speculation is not None]
+    refused = [(i, why) for i, why in skipped if any(w in why for w in ("tree drafts", "speculative"))]
+    predictor, out = Predictor(), []
+    for run in runs:
+        pred, _ = predictor.predict(run)
+        plain, _ = predictor.predict(replace(run, speculation=None))
+        row = {"id": run.id, "setup": run.speculation.label, "tokens_per_step": run.speculation.tokens_per_step,
+               "acceptance_from": run.speculation.source.split(":")[0], "device": run.device, "engine": run.engine,
+               "measured": run.measured, "predicted": pred, "without_speculation": plain,
+               "error": {m: pred[m] / v - 1 for m, v in run.measured.items() if m in pred and v}}
+        out.append(row)
+    if args.json:
+        print(json.dumps({"rows": out, "refused": refused}, indent=1))
+        return 0
+    table = []
+    for r in out:
+        m, q, e = r["measured"], r["predicted"], r["error"]
+        table.append([r["id"][:44], r["setup"], f"{r['tokens_per_step']:.2f}", r["acceptance_from"],
+                      f"{m.get('tpot_ms', 0):.2f}", f"{q['tpot_ms']:.2f}", f"{e.get('tpot_ms', 0):+.1%}",
+                      f"{m.get('output_tok_s', 0):,.0f}", f"{q['output_tok_s']:,.0f}", f"{e.get('output_tok_s', 0):+.1%}",
+                      f"{r['without_speculation']['output_tok_s']:,.0f}"])
+    print(format_table(["run", "setup", "tok/step", "acceptance", "TPOT ms", "pred", "error", "tok/s", "pred",
+                        "error", "pred w/o spec"], table))
+    for i, why in refused:
+        print(f"refused {i}: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
