@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from cost.engines import DEFAULT_ENGINE, ENGINES, parse_engine, resolve_overheads
-from cost.execution import EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
+from cost.execution import ENGINE, EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
 from cost.layout_checks import Layout, LayoutError, LayoutReport, ModelFacts, check_layout
-from cost.profile import ProfileError
+from cost.profile import HardwareProfile, ProfileError, load_profile
 from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.__main__ import ArgumentParser, add_model_arguments, model_spec, trace_options
 from tracer.model_source import ModelError
@@ -22,7 +22,8 @@ from .inference.config import InputError
 USER_ERRORS = (InputError, LayoutError, ModelError, ProfileError, WorkloadError, ValueError)
 
 __all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments",
-           "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "model_spec",
+           "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "load_device",
+           "model_spec",
            "positive_int", "quiet_broken_pipe", "run_main", "trace_options", "warn"]
 
 
@@ -155,6 +156,14 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep-style", default=EP_ALL_TOKENS, choices=EP_STYLES,
                    help="expert parallelism: all-tokens (vLLM's default: every rank routes every token, partial "
                         "outputs all-reduced) or dispatch (DeepEP-style all-to-all to the experts' ranks)")
+
+
+def load_device(args) -> HardwareProfile:
+    """--device's profile; an engine that does not run on it is refused here, before any tracing."""
+    hw = load_profile(args.device)
+    if args.execution == ENGINE:
+        hw.engine(args.engine)
+    return hw
 
 
 def warn(message: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .engine_kernels import CollectiveCurve, EngineCalibration, parse_calibration
 from .engine_kernels.device_fit import parse_serving_fit, scale_calibration
-from .engines import DEFAULT_ENGINE, ENGINES
+from .engines import DEFAULT_ENGINE, ENGINES, engine_refusal
 from .profile_schema import ProfileFile, ProfileSchemaError, validate_efficiency, validate_profile
 
 
@@ -117,6 +117,9 @@ class HardwareProfile:
         """The engine's kernel models on this device (fitted, or inherited as its `origin` says)."""
         if name not in ENGINES:
             raise ProfileError(f"unknown engine '{name}' (choose from {', '.join(ENGINES)})")
+        refusal = engine_refusal(name, self.vendor, self.name)
+        if refusal:
+            raise ProfileError(refusal)
         engines = self.engine_calibrations()
         if name in engines:
             return engines[name]

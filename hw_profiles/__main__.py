@@ -14,15 +14,25 @@ def _fmt(rates: dict[str, float]) -> str:
 
 
 def _engines(hw) -> dict:
-    from cost.engines import ENGINES
-    return {name: hw.engine(name) for name in ENGINES}
+    """The engines that run on the device, with their calibrations."""
+    from cost.engines import ENGINES, engine_refusal
+    return {name: hw.engine(name) for name in ENGINES if engine_refusal(name, hw.vendor, hw.name) is None}
+
+
+def _refused(hw) -> dict[str, str]:
+    from cost.engines import ENGINES, engine_refusal
+    return {name: engine_refusal(name, hw.vendor, hw.name) for name in ENGINES
+            if engine_refusal(name, hw.vendor, hw.name) is not None}
 
 
 def _engine_summary(hw) -> str:
-    fitted = [name for name, cal in _engines(hw).items() if cal.origin.startswith("fitted")]
+    engines = _engines(hw)
+    if not engines:
+        return "none (" + ", ".join(_refused(hw)) + " do not run here)"
+    fitted = [name for name, cal in engines.items() if cal.origin.startswith("fitted")]
     if fitted:
         return "fitted: " + ", ".join(fitted)
-    origin = hw.engine("vllm").origin
+    origin = next(iter(engines.values())).origin
     return origin.replace("carried over from the ", "from ").replace(" fit", "")
 
 
@@ -51,6 +61,7 @@ def show(args) -> int:
             "topologies": {name: t.description for name, t in hw.topologies.items()},
             "engines": {name: {"origin": cal.origin, "inherited": list(cal.inherited)}
                         for name, cal in _engines(hw).items()},
+            "refused_engines": _refused(hw),
             "sources": hw.sources} for hw in profiles], indent=1))
         return 0
     rows = [[hw.key, hw.name, ", ".join(hw.aliases), f"{hw.matrix_tflops.get('bf16', 0):g}",
@@ -78,6 +89,8 @@ def show(args) -> int:
             print(f"engine {name}: {cal.origin}")
             for note in cal.inherited:
                 print(f"  {note}")
+        for name, why in _refused(hw).items():
+            print(f"engine {name}: refused: {why}")
         for field, source in hw.sources.items():
             print(f"source {field}: {source}")
     return 0

@@ -18,7 +18,6 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
-from cost.profile import load_profile
 from cost.engines import ENGINES, serving_overheads
 from serving.capacity import replica_memory
 from serving.arrivals import ClosedLoopArrivals
@@ -33,7 +32,7 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (MAX_REQUESTS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser, Layout, add_device_arguments,
+from ..common import (load_device, MAX_REQUESTS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser, Layout, add_device_arguments,
                       add_model_arguments, check_layout_or_fail, check_plot_path, dumps_strict, finite_float,
                       model_spec, positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
@@ -168,7 +167,7 @@ def _simulate_one(label: str) -> tuple[str, dict]:
 
 
 def run(args) -> dict:
-    spec, hw, options = model_spec(args), load_profile(args.device), trace_options(args)
+    spec, hw, options = model_spec(args), load_device(args), trace_options(args)
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens

@@ -82,6 +82,8 @@ def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: in
             options=None, engine: str = "vllm", ep_style: str = "all-tokens") -> Result:
     from tracer.work import TraceOptions
     hw = load_profile(device)
+    if execution == "engine":
+        hw.engine(engine)       # an engine that does not run on the device is refused before tracing
     info = config.get_request_info()
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     t = trace(spec, info.to_request(), options or TraceOptions())

@@ -20,7 +20,6 @@ import sys
 
 from cost.engines import ENGINES
 from cost.layout_checks import Layout as CheckedLayout, ModelFacts, check_layout
-from cost.profile import load_profile
 from serving.layouts import LayoutSpace, layouts
 from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
@@ -33,7 +32,7 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, dumps_strict, hit_rate, model_spec,
+from ..common import (load_device, ArgumentParser, add_device_arguments, add_model_arguments, dumps_strict, hit_rate, model_spec,
                       positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
@@ -92,7 +91,7 @@ def _num_devices(args, hw) -> int:
 
 
 def optimize(args, on_progress=None) -> dict:
-    spec, hw, options = model_spec(args), load_profile(args.device), trace_options(args)
+    spec, hw, options = model_spec(args), load_device(args), trace_options(args)
     num_devices = _num_devices(args, hw)
     mix = load_hit_rate_distribution(args.prefix_cache_hit_rate_distribution) \
         if args.prefix_cache_hit_rate_distribution else None
