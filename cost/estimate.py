@@ -108,7 +108,7 @@ def _eager_communication(trace: Trace, par: Parallelism, hw: HardwareProfile, ac
     if par.tp > 1:
         # attention and MLP outputs are all-reduced; under EP a MoE layer's output is combined by all-to-all instead
         reduces = 2 * trace.num_layers - (moe_layers if par.ep > 1 else 0)
-        total += reduces * (all_reduce_seconds(hidden_bytes, min(par.tp, hw.gpus_per_node), hw)
+        total += reduces * (all_reduce_seconds(hidden_bytes, min(par.tp, hw.scale_up_gpus), hw)
                             + cross_node_all_reduce_seconds(hidden_bytes, par.tp, hw))
     if par.ep > 1:
         for op in trace.ops:
@@ -124,11 +124,11 @@ def engine_allreduce_seconds(nbytes: float, gpus: int, hw: HardwareProfile, engi
     priced by the fitted curves when the device has them, else by the ring model on the interconnect."""
     if gpus <= 1 or nbytes <= 0:
         return 0.0
-    if gpus > hw.gpus_per_node:     # hierarchical: inside each node as usual, then between nodes
+    if gpus > hw.scale_up_gpus:     # hierarchical: inside each NVLink domain as usual, then between domains
         if notes is not None:
-            notes.append(f"all-reduce over {gpus} GPUs crosses nodes: priced hierarchically on the scale-out "
-                         f"network ({hw.scale_out_name or 'none'})")
-        return engine_allreduce_seconds(nbytes, hw.gpus_per_node, hw, engine, notes) + \
+            notes.append(f"all-reduce over {gpus} GPUs crosses {hw.scale_up_gpus}-GPU interconnect domains: priced "
+                         f"hierarchically on the scale-out network ({hw.scale_out_name or 'none'})")
+        return engine_allreduce_seconds(nbytes, hw.scale_up_gpus, hw, engine, notes) + \
             cross_node_all_reduce_seconds(nbytes, gpus, hw)
     spec = ENGINES[engine]
     custom = (nbytes <= spec.custom_allreduce_max_bytes and gpus in spec.custom_allreduce_gpus

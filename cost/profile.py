@@ -79,7 +79,8 @@ class HardwareProfile:
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
     l2_cache_mb: float = 0.0      # 0: unknown, no L2 residency modelled
-    gpus_per_node: int = 8        # GPUs one interconnect domain (NVLink, Infinity Fabric, HCCS) joins
+    gpus_per_node: int = 8        # GPUs in one host (what --nodes counts)
+    domain_gpus: int = 0          # GPUs the interconnect joins (scale-up domain); 0: one node
     scale_out_name: str = ""      # the network between nodes; empty: unknown, multi-node layouts are refused
     scale_out_bandwidth_gbps: float = 0.0    # per GPU, per direction
     scale_out_latency_us: float = 0.0
@@ -97,6 +98,12 @@ class HardwareProfile:
     def pcie_only(self) -> bool:
         """GPUs reach each other over PCIe alone (no NVLink, Infinity Fabric or HCCS)."""
         return self.interconnect_name.lower().startswith("pcie")
+
+    @property
+    def scale_up_gpus(self) -> int:
+        """GPUs one scale-up domain (NVLink, Infinity Fabric, HCCS, UB) joins: collectives within it run on the
+        interconnect, beyond it on the scale-out network. A node unless the profile names a larger domain (NVL72)."""
+        return self.domain_gpus or self.gpus_per_node
 
     @property
     def l2_bytes(self) -> float:
@@ -253,7 +260,9 @@ def _scaled(cal: EngineCalibration, raw: dict, where: str, field_name: str) -> E
 
 
 def _inherit(cal: EngineCalibration, parent: "HardwareProfile") -> EngineCalibration:
-    origin = cal.origin if cal.origin.startswith("carried over") else f"carried over from the {parent.name} fit"
+    """The parent's calibration, its origin naming the parent (and, when the parent carries it too, where from)."""
+    origin = (f"carried over from the {parent.name} profile, which has it {cal.origin}"
+              if cal.origin.startswith("carried over") else f"carried over from the {parent.name} fit")
     return EngineCalibration(**{**cal.__dict__, "origin": origin})
 
 
@@ -271,7 +280,8 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         interconnect_latency_us=f.interconnect.latency_us, host_link_name=f.host_link.name,
         host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,
         efficiency=_efficiency(f.efficiency, where, seen), sources=dict(f.sources), path=where,
-        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies), **_scale_out(f))
+        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies),
+        domain_gpus=f.interconnect.domain_gpus or 0, **_scale_out(f))
 
 
 def _scale_out(f: ProfileFile) -> dict:

@@ -170,8 +170,9 @@ class StepCost:
         return self.par.pp * math.ceil(layers / self.par.pp) / layers
 
     def stage_send_s(self, tokens: int) -> float:
-        """Hidden states of `tokens` tokens sent to the next stage (across nodes when the replica spans them)."""
-        cross = self.par.tp * self.par.pp > self.hw.gpus_per_node
+        """Hidden states of `tokens` tokens sent to the next stage (on the scale-out network when the replica spans
+        more than one interconnect domain)."""
+        cross = self.par.tp * self.par.pp > self.hw.scale_up_gpus
         return point_to_point_seconds(tokens * self.hidden * 2, self.hw, cross)
 
     def beyond_kernels(self, sequences: float, tokens: int, kernels_s: float, decode_only: bool) -> float:
