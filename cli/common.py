@@ -23,7 +23,7 @@ USER_ERRORS = (InputError, LayoutError, ModelError, ProfileError, WorkloadError,
 
 __all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments",
            "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "load_device",
-           "model_spec",
+           "model_spec", "origin_notes",
            "positive_int", "quiet_broken_pipe", "run_main", "trace_options", "warn"]
 
 
@@ -164,6 +164,14 @@ def load_device(args) -> HardwareProfile:
     if args.execution == ENGINE:
         hw.engine(args.engine)
     return hw
+
+
+def origin_notes(origin: dict) -> list[str]:
+    """A result's `origin` JSON (cost/provenance.py Origin.as_json) as note lines: where its numbers come from."""
+    out = [f"kernel numbers: {origin['kernels']}"]
+    if origin.get("overheads"):
+        out.append(f"step overheads: {origin['overheads']}")
+    return out
 
 
 def warn(message: str) -> None:

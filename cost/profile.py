@@ -56,6 +56,7 @@ class Efficiency:
     communication: float    # fraction of interconnect bandwidth a collective reaches
     origin: str             # "fitted on ..." or "carried over from ..."
     eager_host_us: float = 25.0  # host time per launched op in HF eager (Python dispatch + launch)
+    fitted_on: str = ""     # the profile (name) whose measurements this fit was made on
 
 
 @dataclass(frozen=True)
@@ -195,19 +196,20 @@ def profiles_dir() -> Path:
     return Path(str(resources.files("hw_profiles")))
 
 
-def _efficiency(eff: dict | None, where: str, seen: tuple = ()) -> Efficiency:
+def _efficiency(eff: dict | None, where: str, seen: tuple = (), name: str = "") -> Efficiency:
     if eff is None or "from" in eff:
         base = (eff or {}).get("from", "h200")
         if base in seen:
             raise ProfileError(f"{where}: efficiency 'from' loops through {base}")
         parent = load_profile(base, seen + (base,))
         return Efficiency(**{**parent.efficiency.__dict__, "origin": f"carried over from the {parent.name} fit"})
+        # (fitted_on stays the parent's: the device the numbers were measured on)
     e = validate_efficiency(eff, where)
     return Efficiency(gemm=GemmEfficiency(**e.gemm.model_dump()),
                       grouped_gemm=GemmEfficiency(**e.grouped_gemm.model_dump()),
                       attention=AttentionEfficiency(**e.attention.model_dump()),
                       elementwise=StreamEfficiency(**e.elementwise.model_dump()),
-                      communication=e.communication, origin=e.origin, eager_host_us=e.eager_host_us)
+                      communication=e.communication, origin=e.origin, eager_host_us=e.eager_host_us, fitted_on=name)
 
 
 def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
@@ -279,7 +281,7 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         interconnect_name=f.interconnect.name, interconnect_bandwidth_gbps=f.interconnect.bandwidth_gbps,
         interconnect_latency_us=f.interconnect.latency_us, host_link_name=f.host_link.name,
         host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,
-        efficiency=_efficiency(f.efficiency, where, seen), sources=dict(f.sources), path=where,
+        efficiency=_efficiency(f.efficiency, where, seen, f.name), sources=dict(f.sources), path=where,
         l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies),
         domain_gpus=f.interconnect.domain_gpus or 0, **_scale_out(f))
 

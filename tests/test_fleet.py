@@ -59,7 +59,7 @@ def test_every_command_refuses_in_one_line(tmp_path, device, engine):
         (text_generate.main, ["llama-3.1-8b", *common]),
         (throughput_optimizer.main, ["llama-3.1-8b", *common, "--num-devices", "1", "--input-length", "128",
                                      "--output-length", "128"]),
-        (serving_sim.main, ["llama-3.1-8b", *common, "--workload", "chat"]),
+        (serving_sim.main, ["llama-3.1-8b", *common, "--workload", "multi-turn-chat", "--num-requests", "20"]),
         (kernel.main, [*common, "--jsonl", str(rows)]),
     ]:
         rc, out, err = _run(main, argv)
@@ -74,7 +74,7 @@ def test_hw_profiles_lists_refused_engines():
     entry = json.loads(out)[0]
     assert entry["engines"] == {} and set(entry["refused_engines"]) == set(ENGINES)
     rc, out, _ = _run(main, ["mi300x"])
-    assert rc == 0 and "engine trtllm: refused" in out and "engine vllm: carried over" in out
+    assert rc == 0 and "engine trtllm: refused" in out and "engine vllm (from h100 scaled): carried over" in out
 
 
 FLEET = ("gb200", "gb300", "b300", "h200nvl", "h100nvl", "h100pcie", "gh200", "gh200_96gb", "rtxpro6000", "mi325x",
@@ -136,3 +136,107 @@ def test_published_gpu_names_map_to_the_new_profiles():
     from serving.published import DEVICES
     for name in ("GH200-144GB", "GH200-96GB", "H100-NVL-94GB", "H100-PCIe-80GB"):
         assert load_profile(DEVICES[name]).key == DEVICES[name]
+
+
+def test_origin_names_the_fitted_sibling():
+    from cost.provenance import kernel_origin
+    fitted = kernel_origin(load_profile("h100"), "vllm")
+    assert not fitted.carried_over and fitted.headline() is None
+    gb = kernel_origin(load_profile("gb200"), "trtllm")
+    assert gb.carried_over and gb.fitted_on == "NVIDIA B200 (HGX)" and gb.kernels_engine == "vllm"
+    assert gb.headline().startswith("carried over:") and "B200" in gb.headline()
+    mi = kernel_origin(load_profile("mi325x"), "vllm")
+    assert mi.fitted_on == "NVIDIA H100 SXM" and mi.scaled_on == ("AMD Instinct MI300X",)
+    eager = kernel_origin(load_profile("h100"), None)
+    assert eager.carried_over and eager.fitted_on == "NVIDIA H200 SXM"
+    assert not kernel_origin(load_profile("h200"), None).carried_over
+
+
+def test_python_api_estimate_carries_its_origin():
+    from cost.estimate import estimate
+    from tracer import Request, TraceOptions, trace
+    step = trace("llama-3.2-1b", Request(1, 16, 0), TraceOptions())
+    carried = estimate(step, load_profile("gb200"), "engine", engine="vllm")
+    assert carried.origin.carried_over and carried.notes[0] == carried.origin.headline()
+    own = estimate(step, load_profile("h100"), "engine", engine="vllm")
+    assert not own.origin.carried_over and not own.notes[0].startswith("carried over")
+
+
+CARRIED = "gh200_96gb"     # kernel models from the H100 SXM fit
+
+
+def test_every_command_says_first_when_its_numbers_are_carried_over(tmp_path):
+    from cli.inference import serving_sim, text_generate, throughput_optimizer
+    from cost import kernel
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(ROW)
+    model = ["llama-3.2-1b", "--device", CARRIED]
+    commands = [
+        (text_generate.main, model + ["--query-length", "64"]),
+        (throughput_optimizer.main, model + ["--num-devices", "1", "--input-length", "128", "--output-length", "32"]),
+        (serving_sim.main, model + ["--workload", "random", "--num-requests", "8"]),
+    ]
+    for main, argv in commands:
+        rc, out, _ = _run(main, argv)
+        assert rc == 0, (main, argv)
+        first = out.splitlines()[0]
+        assert first.startswith("carried over:") and "NVIDIA H100 SXM" in first, first
+        assert any(line.startswith("note: ") and "kernels: carried over from the NVIDIA H100 SXM fit" in line
+                   or line.startswith("note: kernel numbers: carried over from the NVIDIA H100 SXM fit")
+                   for line in out.splitlines()), out
+        rc, out, _ = _run(main, argv + ["--json"])
+        origin = json.loads(out)["origin"]
+        assert rc == 0 and origin["carried_over"] is True and origin["fitted_on"] == "NVIDIA H100 SXM"
+        assert origin["headline"].startswith("carried over:")
+    rc, out, err = _run(kernel.main, ["--device", CARRIED, "--jsonl", str(rows)])
+    assert rc == 0 and err.splitlines()[0].startswith("carried over:")
+    row = json.loads(out)
+    assert row["carried_over"] is True and row["kernels_fitted_on"] == "NVIDIA H100 SXM" and row["ms"] > 0
+    # a fitted device says nothing of the kind
+    rc, out, err = _run(kernel.main, ["--device", "h100", "--jsonl", str(rows)])
+    assert rc == 0 and not err.startswith("carried over") and json.loads(out)["carried_over"] is False
+
+
+def test_hw_profiles_shows_the_fit_per_engine():
+    from hw_profiles.__main__ import main
+    rc, out, _ = _run(main, [])
+    assert rc == 0
+    line = next(l for l in out.splitlines() if l.startswith("gb200 "))
+    assert "vllm from b200" in line and "trtllm from b200 (vllm)" in line
+    line = next(l for l in out.splitlines() if l.startswith("h100 "))
+    assert "vllm fitted, sglang fitted, trtllm fitted" in line
+    rc, out, _ = _run(main, ["mi300x", "--json"])
+    engines = json.loads(out)[0]["engines"]
+    assert engines["vllm"]["fit"] == "from h100 scaled" and "trtllm" not in engines
+
+
+def test_redundant_expert_slots_when_ep_does_not_divide_the_experts():
+    from cost.execution import expert_slots
+    from serving.layouts import LayoutSpace, layouts
+    assert expert_slots(256, 72) == 288 and expert_slots(256, 64) == 256 and expert_slots(8, 1) == 8
+    plan = layouts(72, 128, 256, LayoutSpace(attention_dp="on"))
+    assert any(l.attention_dp and l.ep == 72 and l.tp == 1 for l in plan)
+
+
+def test_deepseek_r1_attention_dp_and_ep_over_an_nvl72_is_searched_on_nvlink():
+    """The done-when of issue 20: DeepSeek-R1 (V3's architecture) with attention-DP + EP over 72 GB200 GPUs."""
+    from cli.inference import throughput_optimizer
+    argv = ["deepseek-v3", "--device", "gb200", "--num-devices", "72", "--engine", "trtllm", "--attention-dp", "on",
+            "--tp-sizes", "1", "--input-length", "256", "--output-length", "64", "--kv-cache-dtype", "fp8", "--json"]
+    rc, out, _ = _run(throughput_optimizer.main, argv)
+    assert rc == 0
+    r = json.loads(out)
+    assert r["scale_up_domains"] == 1 and r["nodes"] == 18 and r["origin"]["carried_over"]
+    c = r["candidates"][0]
+    assert c["attention_dp"] and c["ep_size"] == 72 and c["dp_size"] == 72 and c["output_tokens_per_s"] > 0
+    # the same step's collectives on NVLink (one NVL72) cost less than over 9 HGX B200 nodes on InfiniBand
+    from cost.estimate import Parallelism, estimate
+    from tracer import Request, TraceOptions, trace
+    step = trace("deepseek-v3", Request(8, 1, 1024, decode=True), TraceOptions(kv_cache_dtype="fp8"))
+    par = Parallelism(1, 72, "all-tokens", 1, 72)
+    rack = estimate(step, load_profile("gb200"), "engine", par, engine="vllm")
+    nodes = estimate(step, load_profile("b200"), "engine", par, engine="vllm")
+    assert rack.breakdown_s["communication"] < nodes.breakdown_s["communication"] / 2
+    assert any("72-GPU scale-up domain" in n for n in rack.notes)
+    assert any("crosses" in n and "scale-out" in n for n in nodes.notes)
+    assert any("288 expert slots" in n for n in rack.notes)

@@ -32,7 +32,7 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (load_device, ArgumentParser, add_device_arguments, add_model_arguments, dumps_strict, hit_rate, model_spec,
+from ..common import (load_device, origin_notes, ArgumentParser, add_device_arguments, add_model_arguments, dumps_strict, hit_rate, model_spec,
                       positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
@@ -166,9 +166,12 @@ def optimize(args, on_progress=None) -> dict:
                 on_progress(len(steps), len(steps), f"simulating {c.layout.label}")
             c.verified = simulate_candidate(searcher, c, load)
     points = pareto_points(searcher, candidates, load, shapes, settings, limits, spec, hw, options)
+    origin = searcher.cost(plan[0]).origin
     result = {
-        "model": spec.name, "device": hw.name, "num_devices": num_devices,
-        "nodes": math.ceil(num_devices / hw.gpus_per_node), "mode": args.mode, "execution": args.execution,
+        "model": spec.name, "device": hw.name, "num_devices": num_devices, "origin": origin.as_json(),
+        "nodes": math.ceil(num_devices / hw.gpus_per_node),
+        "scale_up_domains": math.ceil(num_devices / hw.scale_up_gpus), "scale_up_gpus": hw.scale_up_gpus,
+        "mode": args.mode, "execution": args.execution,
         "engine": args.engine if args.execution == "engine" else None,
         "load": {"kind": load.kind, "value": load.value if load.kind != MAX else None,
                  "arrival": load.arrival if load.kind == RATE else None, "requests": load.requests or None},
@@ -316,8 +319,10 @@ def render(r: dict) -> str:
         tail = f"no feasible layout: {r['why_no_feasible_layout']}"
     notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
                     "priced" in n})
+    notes = [n for n in origin_notes(r["origin"]) if n not in notes] + notes
     refused = [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
-    return "\n".join([head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
+    first = [r["origin"]["headline"]] if r["origin"]["headline"] else []
+    return "\n".join(first + [head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
 
 
 def body(args) -> int:
@@ -373,8 +378,9 @@ def main(argv=None) -> int:
     add_device_arguments(p)
     p.add_argument("--num-devices", type=positive_int, default=None, help="GPUs to deploy on")
     p.add_argument("--nodes", type=positive_int, default=None,
-                   help="nodes the GPUs span (the profile's gpus_per_node each); collectives across nodes are "
-                        "priced on its scale-out network")
+                   help="nodes (hosts) the GPUs span (the profile's gpus_per_node each: 4 per GB200 NVL72 tray); "
+                        "collectives beyond the scale-up domain (a node, or a whole NVL72 rack) are priced on the "
+                        "scale-out network")
     p.add_argument("--input-length", type=positive_int, default=None, help="prompt tokens per request")
     p.add_argument("--output-length", type=positive_int, default=None, help="generated tokens per request")
     p.add_argument("--lengths-file", default=None, metavar="FILE",
