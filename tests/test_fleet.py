@@ -240,3 +240,14 @@ def test_deepseek_r1_attention_dp_and_ep_over_an_nvl72_is_searched_on_nvlink():
     assert any("72-GPU scale-up domain" in n for n in rack.notes)
     assert any("crosses" in n and "scale-out" in n for n in nodes.notes)
     assert any("288 expert slots" in n for n in rack.notes)
+
+
+@pytest.mark.parametrize("device, link", [("gb200", "NVLink 5 through NVLink Switch trays"), ("b200", "ConnectX-7")])
+def test_disaggregated_kv_moves_on_nvlink_inside_the_domain(device, link):
+    from cli.inference import throughput_optimizer
+    argv = ["llama-3.2-1b", "--device", device, "--num-devices", "16", "--mode", "disagg", "--tp-sizes", "1",
+            "--input-length", "512", "--output-length", "32", "--json"]
+    rc, out, _ = _run(throughput_optimizer.main, argv)
+    assert rc == 0
+    notes = [n for c in json.loads(out)["candidates"] for n in c["notes"] if n.startswith("KV transfer")]
+    assert notes and all(link in n for n in notes), notes
