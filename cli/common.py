@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from cost.engines import DEFAULT_ENGINE, ENGINES, parse_engine, resolve_overheads
-from cost.execution import EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
+from cost.execution import ENGINE, EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
 from cost.layout_checks import Layout, LayoutError, LayoutReport, ModelFacts, check_layout
-from cost.profile import ProfileError
+from cost.profile import HardwareProfile, ProfileError, load_profile
 from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.__main__ import ArgumentParser, add_model_arguments, model_spec, trace_options
 from tracer.model_source import ModelError
@@ -23,9 +23,9 @@ from .inference.config import InputError
 USER_ERRORS = (InputError, LayoutError, ModelError, ProfileError, WorkloadError, ValueError)
 
 __all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments",
-           "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "model_spec",
-           "positive_int", "quiet_broken_pipe", "run_main", "speculations", "add_speculation_arguments",
-           "trace_options", "warn"]
+           "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "load_device",
+           "model_spec", "origin_notes", "positive_int", "quiet_broken_pipe", "run_main", "speculations",
+           "add_speculation_arguments", "trace_options", "warn"]
 
 
 class WorkLimit:
@@ -187,6 +187,22 @@ def speculations(args) -> list[Speculation]:
         except ValueError:
             raise InputError(f"--num-speculative-tokens: '{text}' is not an integer") from None
         out.append(parse_speculation(args.speculative, k, args.acceptance_rate, args.acceptance_length))
+    return out
+
+
+def load_device(args) -> HardwareProfile:
+    """--device's profile; an engine that does not run on it is refused here, before any tracing."""
+    hw = load_profile(args.device)
+    if args.execution == ENGINE:
+        hw.engine(args.engine)
+    return hw
+
+
+def origin_notes(origin: dict) -> list[str]:
+    """A result's `origin` JSON (cost/provenance.py Origin.as_json) as note lines: where its numbers come from."""
+    out = [f"kernel numbers: {origin['kernels']}"]
+    if origin.get("overheads"):
+        out.append(f"step overheads: {origin['overheads']}")
     return out
 
 

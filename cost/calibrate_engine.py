@@ -148,7 +148,10 @@ def _store(sections: dict, key: tuple, params) -> None:
         sections["allreduce"].setdefault(key[1], {})[key[2]] = params
 
 
-SYSTEM_PROFILES = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100", "l40s": "l40s"}
+SYSTEM_PROFILES = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100", "l40s": "l40s",
+                   # issue 20's fleet: AIConfigurator 0.12's other systems with a bundled profile
+                   "gb200": "gb200", "gb300": "gb300", "b300_sxm": "b300", "h100_pcie": "h100pcie",
+                   "rtx_pro_6000_server": "rtxpro6000", "l4": "l4"}
 
 
 def system_list(text: str) -> list[str]:

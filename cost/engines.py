@@ -39,6 +39,8 @@ class Engine:
     # GEMM formats whose activation quantization the engine fuses into the kernel before the GEMM (the norm,
     # the activation, attention's output) instead of running a quantization kernel per GEMM
     fused_activation_quant: tuple[str, ...] = ()
+    # the GPU vendors the engine builds for (its installation docs); a device of another vendor is refused
+    vendors: tuple[str, ...] = ("NVIDIA", "AMD")
 
     def serving_defaults(self, memory_gb: float, device_name: str) -> ServingDefaults:
         big = memory_gb >= 70 and "a100" not in device_name.lower()
@@ -55,6 +57,10 @@ class Engine:
         return ServingDefaults(2048, 8192, 0.9, True, 2048, False)
 
 
+# Where each engine runs: vLLM builds for CUDA and ROCm (vllm docs/getting_started/installation/gpu: "NVIDIA CUDA",
+# "AMD ROCm"); SGLang likewise (sglang docs/platforms/amd_gpu.md); TensorRT-LLM is CUDA only (NVIDIA/TensorRT-LLM
+# docs/source/installation: NVIDIA GPUs). Ascend NPUs run vLLM through the vllm-project/vllm-ascend plugin or
+# Huawei's MindIE, neither of which tracecost has kernel models for.
 # vLLM: vllm/distributed/device_communicators/custom_all_reduce.py (max_size 8 MiB; world sizes 2, 4, 6, 8;
 # disabled on more than two PCIe-only GPUs). SGLang ships the same kernel (sgl-kernel custom_all_reduce).
 # TensorRT-LLM: its AllReduce plugin's one-/two-shot kernels serve up to the same order of message size.
@@ -64,9 +70,33 @@ ENGINES: dict[str, Engine] = {
     # TensorRT-LLM's FP8 checkpoints (ModelOpt) carry static activation scales: RMSNorm, SwiGLU and the attention
     # kernels write FP8 directly
     "trtllm": Engine("trtllm", "TensorRT-LLM", custom_allreduce_max_bytes=8 * 2**20,
-                     fused_activation_quant=("fp8",)),
+                     fused_activation_quant=("fp8",), vendors=("NVIDIA",)),
 }
 DEFAULT_ENGINE = "vllm"
+# serving engines of vendors that none of ENGINES runs on, named when such a device is refused
+OTHER_VENDOR_ENGINES = {"Huawei": "vLLM-Ascend (vllm-project/vllm-ascend) and MindIE"}
+
+
+def engine_refusal(engine: str, vendor: str, device: str) -> str | None:
+    """Why `engine` cannot serve on a `vendor` device (one line), or None where it runs (or the vendor is unknown)."""
+    spec = ENGINES[engine]
+    if not vendor or vendor in spec.vendors:
+        return None
+    here = [e.label for e in ENGINES.values() if vendor in e.vendors]
+    there = OTHER_VENDOR_ENGINES.get(vendor)
+    if here:
+        instead = f"engines tracecost prices on {vendor}: {', '.join(here)}"
+    elif there:
+        instead = (f"{vendor} devices serve with {there}, which tracecost has no kernel models for "
+                   f"(--execution eager prices HF transformers there)")
+    else:
+        instead = f"tracecost has no engine for {vendor} devices (--execution eager prices HF transformers)"
+    return f"{spec.label} runs on {' and '.join(spec.vendors)} GPUs only, not on {device}; {instead}"
+
+
+def engines_on(vendor: str) -> list[str]:
+    """The engines that run on a vendor's devices."""
+    return [name for name in ENGINES if engine_refusal(name, vendor, "") is None]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from tracer.work import ATTENTION, GEMM, OTHER, Trace
 
 from .engines import DEFAULT_ENGINE, ENGINES
-from .execution import EAGER, ENGINE, EP_ALL_TOKENS, EP_DISPATCH, Kernel, build_kernels
+from .execution import EAGER, ENGINE, EP_ALL_TOKENS, EP_DISPATCH, Kernel, build_kernels, expert_slots
 from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, experts_time, gemm_time, stream_time
 from .engine_kernels import allreduce_time, nearest_curve
 from .engine_kernels import stream_time as stream_engine
@@ -16,6 +16,7 @@ from .op_formats import RunFormat, formats_note, op_format
 from .parallel import (all_reduce_seconds, cross_node_all_reduce_seconds,
                        group_all_to_all_seconds)
 from .profile import HardwareProfile
+from .provenance import Origin, kernel_origin
 from .recurrent import state_time
 
 COMMUNICATION = "communication"
@@ -64,6 +65,8 @@ class Estimate:
     kernels: list[PricedKernel] = field(default_factory=list)
     engine: str | None = None  # the serving engine whose kernel models priced it (engine execution)
     notes: list[str] = field(default_factory=list)
+    origin: Origin | None = None  # where the kernel numbers come from (fitted here, or carried over from whom)
+    layout_notes: list[str] = field(default_factory=list)   # the part of `notes` on collectives and expert slots
 
     @property
     def wall_s(self) -> float:
@@ -108,7 +111,7 @@ def _eager_communication(trace: Trace, par: Parallelism, hw: HardwareProfile, ac
     if par.tp > 1:
         # attention and MLP outputs are all-reduced; under EP a MoE layer's output is combined by all-to-all instead
         reduces = 2 * trace.num_layers - (moe_layers if par.ep > 1 else 0)
-        total += reduces * (all_reduce_seconds(hidden_bytes, min(par.tp, hw.gpus_per_node), hw)
+        total += reduces * (all_reduce_seconds(hidden_bytes, min(par.tp, hw.scale_up_gpus), hw)
                             + cross_node_all_reduce_seconds(hidden_bytes, par.tp, hw))
     if par.ep > 1:
         for op in trace.ops:
@@ -124,11 +127,11 @@ def engine_allreduce_seconds(nbytes: float, gpus: int, hw: HardwareProfile, engi
     priced by the fitted curves when the device has them, else by the ring model on the interconnect."""
     if gpus <= 1 or nbytes <= 0:
         return 0.0
-    if gpus > hw.gpus_per_node:     # hierarchical: inside each node as usual, then between nodes
+    if gpus > hw.scale_up_gpus:     # hierarchical: inside each NVLink domain as usual, then between domains
         if notes is not None:
-            notes.append(f"all-reduce over {gpus} GPUs crosses nodes: priced hierarchically on the scale-out "
-                         f"network ({hw.scale_out_name or 'none'})")
-        return engine_allreduce_seconds(nbytes, hw.gpus_per_node, hw, engine, notes) + \
+            notes.append(f"all-reduce over {gpus} GPUs crosses {hw.scale_up_gpus}-GPU interconnect domains: priced "
+                         f"hierarchically on the scale-out network ({hw.scale_out_name or 'none'})")
+        return engine_allreduce_seconds(nbytes, hw.scale_up_gpus, hw, engine, notes) + \
             cross_node_all_reduce_seconds(nbytes, gpus, hw)
     spec = ENGINES[engine]
     custom = (nbytes <= spec.custom_allreduce_max_bytes and gpus in spec.custom_allreduce_gpus
@@ -157,6 +160,12 @@ def _engine_communication(trace: Trace, par: Parallelism, hw: HardwareProfile, e
     moe_layers = sum(op.count for op in trace.ops if op.experts is not None)
     dp = par.attention_dp
     total = 0.0
+    group = max(par.tp, par.ep, par.tp * dp)
+    if hw.gpus_per_node < group <= hw.scale_up_gpus:
+        notes.append(f"collectives over {group} GPUs stay in the {hw.scale_up_gpus}-GPU scale-up domain: priced on "
+                     f"{hw.interconnect_name} ({hw.interconnect_bandwidth_gbps:g} GB/s per direction), not the "
+                     f"scale-out network")
+
     if dp > 1:
         # each DP rank's attention is its own (all-reduced over the attention TP only); its MoE layers take
         # every rank's tokens: gathered to all ranks (all-tokens) or sent to their experts (dispatch)
@@ -196,6 +205,7 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         raise ValueError(f"unknown engine '{engine}' (choose from {', '.join(ENGINES)})")
     kernels = build_kernels(trace, execution, par.tp, par.ep, ep_style=par.ep_style, attention_dp=par.attention_dp)
     notes: list[str] = []
+    layout_notes: list[str] = []    # how the layout's collectives and expert slots were priced
     if execution == EAGER:
         priced = [PricedKernel(k, price_kernel(k, hw)) for k in kernels]
         comm = _eager_communication(trace, par, hw)
@@ -206,7 +216,13 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, f, trace.kv_element_size))
                   for k, f in zip(kernels, formats)]
         notes += formats_note(kernels, formats, engine, hw)
-        comm = _engine_communication(trace, par, hw, engine, notes)
+        experts = next((op.experts.num_experts for op in trace.ops if op.experts is not None), 0)
+        if experts and expert_slots(experts, par.ep) != experts:
+            slots = expert_slots(experts, par.ep)
+            layout_notes.append(f"EP {par.ep} over {experts} routed experts: {slots} expert slots ({slots // par.ep} "
+                                f"per rank, {slots - experts} redundant copies placed by expert load balancing)")
+        comm = _engine_communication(trace, par, hw, engine, layout_notes)
+        notes += layout_notes
         notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
         notes += [f"{ENGINES[engine].label} kernels: {s}" for s in cal.inherited]
         if any(k.op is not None and k.op.state is not None for k in kernels):
@@ -219,11 +235,15 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         bound[pk.time.bound] += pk.total_seconds
     breakdown[COMMUNICATION] = comm
     launches = sum(k.count for k in kernels)
+    origin = kernel_origin(hw, engine if execution == ENGINE else None)
+    if origin.headline():
+        notes.insert(0, origin.headline())
     return Estimate(device=hw.name, execution=execution, parallelism=par, latency_s=sum(breakdown.values()),
                     breakdown_s=breakdown, bound_s=bound, flops=sum(k.flops * k.count for k in kernels),
                     bytes=sum(k.bytes * k.count for k in kernels), num_kernels=launches,
                     host_s=host_seconds(trace, execution, launches, hw), kernels=priced,
-                    engine=engine if execution == ENGINE else None, notes=list(dict.fromkeys(notes)))
+                    engine=engine if execution == ENGINE else None, notes=list(dict.fromkeys(notes)), origin=origin,
+                    layout_notes=list(dict.fromkeys(layout_notes)))
 
 
 def sampling_seconds(rows: float, vocab: int, hw: HardwareProfile, engine: str = DEFAULT_ENGINE) -> float:

@@ -53,6 +53,16 @@ class Kernel:
     moe: MoeCall | None = None  # engine execution: the fused-MoE layer this kernel is
 
 
+def expert_slots(experts: int, ep: int) -> int:
+    """Expert copies an EP group of `ep` ranks holds. When `ep` divides the experts, the experts themselves; else
+    the engine rounds them up to a whole number per rank by replicating the busiest experts (EPLB: TensorRT-LLM's
+    MoeLoadBalancer num_slots, vLLM --enable-eplb --num-redundant-experts): each rank holds ceil(E / ep) experts
+    and, balanced, 1/ep of the (token, expert) pairs."""
+    if ep <= 1 or experts % ep == 0:
+        return experts
+    return -(-experts // ep) * ep
+
+
 def _shard_op(op: Op, tp: int, ep: int, act_bytes: int, kv_bytes: float) -> Op:
     """The part of an op one rank runs under tensor (and expert) parallelism."""
     if op.experts is not None:
@@ -63,8 +73,9 @@ def _shard_op(op: Op, tp: int, ep: int, act_bytes: int, kv_bytes: float) -> Op:
         # EP gives each rank 1/ep of the experts, whole; TP gives each rank a 1/tp slice of every expert
         experts = (replace(w, active_experts=w.active_experts / ep) if ep > 1
                    else replace(w, intermediate_size=max(1, w.intermediate_size // tp)))
+        held = expert_slots(w.num_experts, ep) / w.num_experts if ep > 1 else 1.0   # redundant slots' weights
         return replace(op, experts=experts, flops=op.flops / ways, bytes_read=op.bytes_read / ways,
-                       bytes_written=op.bytes_written / ways, weight_bytes=op.weight_bytes / ways)
+                       bytes_written=op.bytes_written / ways, weight_bytes=op.weight_bytes * held / ways)
     if tp == 1 or not op.tp_sharded:
         return op
     if op.attention is not None:
@@ -122,7 +133,7 @@ def _moe_call(op: Op, tp: int, ep: int, style: str, attention_dp: int = 1) -> Mo
     w = op.experts
     tokens = w.tokens * attention_dp
     tokens = tokens if style == EP_ALL_TOKENS else max(1, round(tokens * w.top_k / ep))
-    return MoeCall(tokens=tokens, hidden=w.hidden_size, inter=w.intermediate_size, experts=w.num_experts,
+    return MoeCall(tokens=tokens, hidden=w.hidden_size, inter=w.intermediate_size, experts=expert_slots(w.num_experts, ep),
                    top_k=w.top_k if style == EP_ALL_TOKENS else 1, gated=w.gated, tp=max(1, tp // ep) if ep > 1 else tp, ep=ep,
                    style=style)
 
@@ -196,4 +207,4 @@ def build_kernels(trace: Trace, execution: str, tp: int = 1, ep: int = 1, act_by
 
 
 __all__ = ["ATTENTION", "EAGER", "ENGINE", "EP_ALL_TOKENS", "EP_DISPATCH", "EP_STYLES", "EXECUTIONS", "GEMM", "Kernel",
-           "MoeCall", "OTHER", "build_kernels"]
+           "MoeCall", "OTHER", "build_kernels", "expert_slots"]

@@ -10,7 +10,9 @@ ROWS is a file (or - for stdin) with one JSON object per line; each is written b
      "distribution":"balanced|power_law_1.2|random"}
     {"op":"allreduce","bytes":..,"gpus":..,"impl":"nccl|custom"}
 
-Each timed region is what the published kernel tables time (cost/kernel_rows.py says exactly what).
+Each timed region is what the published kernel tables time (cost/kernel_rows.py says exactly what). Each row
+also gets "carried_over" and "kernels_fitted_on": whether the device's kernel models were fitted on its own tables,
+and on which device's they were; a carried-over device is named first on stderr.
 A bad row stops with an error naming its line number; nothing is written for it.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from .engines import DEFAULT_ENGINE, ENGINES
 from .kernel_rows import RowError, parse_row, price_rows
 from .profile import ProfileError, load_profile
+from .provenance import kernel_origin
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,8 +71,12 @@ def main(argv=None) -> int:
     except (OSError, UnicodeDecodeError) as e:
         print(f"error: cannot read {args.jsonl}: {e}", file=sys.stderr)
         return 2
+    origin = kernel_origin(hw, args.engine)
+    if origin.headline():     # said first, before any number
+        print(origin.headline(), file=sys.stderr)
     for obj, s in zip(objects, seconds):
-        print(dumps_strict({**obj, "ms": round(float(s) * 1e3, 6)}))
+        print(dumps_strict({**obj, "ms": round(float(s) * 1e3, 6), "carried_over": origin.carried_over,
+                            "kernels_fitted_on": origin.fitted_on}))
     print(f"{len(rows)} rows priced with {ENGINES[args.engine].label} kernels on {hw.name} ({cal.origin})",
           file=sys.stderr)
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracer.config_checks import model_dims
+from .execution import expert_slots
 
 # rope types whose config already states the extended length in max_position_embeddings
 _PRESCALED_ROPE = ("llama3", "longrope", "su")
@@ -116,8 +117,14 @@ def check_layout(facts: ModelFacts, layout: Layout, input_length: int | None = N
     if ep > 1:
         if not facts.routed_experts:
             errors.append(f"EP={ep} needs routed experts, and {facts.name} is a dense model (use --ep-size 1)")
+        elif ep > facts.routed_experts:
+            errors.append(f"EP={ep} exceeds {facts.name}'s {facts.routed_experts} routed experts")
         elif facts.routed_experts % ep:
-            errors.append(f"EP={ep} does not divide {facts.name}'s {facts.routed_experts} routed experts")
+            slots = expert_slots(facts.routed_experts, ep)
+            warnings.append(f"EP={ep} does not divide {facts.name}'s {facts.routed_experts} routed experts: priced "
+                            f"with {slots} expert slots ({slots - facts.routed_experts} redundant copies, "
+                            f"{slots // ep} per rank) as expert load balancing places them (TensorRT-LLM num_slots, "
+                            f"vLLM --num-redundant-experts)")
     if moe_imbalance is not None and moe_imbalance != 1.0 and not facts.routed_experts:
         warnings.append(f"--moe-imbalance {moe_imbalance:g} has no effect: {facts.name} has no routed experts")
     if layout.devices is not None and layout.devices_needed > layout.devices:

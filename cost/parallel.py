@@ -25,11 +25,13 @@ class LayoutError(ValueError):
 
 
 def nodes_spanned(ranks: int, hw: HardwareProfile) -> int:
-    """Nodes a group of `ranks` consecutive GPUs occupies; more than one needs the profile's scale-out network."""
-    nodes = -(-ranks // hw.gpus_per_node)
+    """Scale-up domains (NVLink / Infinity Fabric: a node, or an NVL72 rack) a group of `ranks` consecutive GPUs
+    occupies; more than one needs the profile's scale-out network."""
+    domain = hw.scale_up_gpus
+    nodes = -(-ranks // domain)
     if nodes > 1 and hw.scale_out_bandwidth_gbps <= 0:
-        raise LayoutError(f"{hw.name}: a group of {ranks} GPUs spans {nodes} nodes of {hw.gpus_per_node}, and the "
-                          f"profile has no 'scale_out' network to price it on")
+        raise LayoutError(f"{hw.name}: a group of {ranks} GPUs spans {nodes} interconnect domains of {domain}, and "
+                          f"the profile has no 'scale_out' network to price it on")
     return nodes
 
 
@@ -43,7 +45,7 @@ def cross_node_all_reduce_seconds(nbytes: float, ranks: int, hw: HardwareProfile
     nodes = nodes_spanned(ranks, hw)
     if nodes <= 1 or nbytes <= 0:
         return 0.0
-    shard = nbytes / min(ranks, hw.gpus_per_node)
+    shard = nbytes / min(ranks, hw.scale_up_gpus)
     return 2 * (nodes - 1) / nodes * shard / _scale_out_bandwidth(hw) + 2 * (nodes - 1) * hw.scale_out_latency_us * 1e-6
 
 
@@ -53,7 +55,7 @@ def group_all_to_all_seconds(nbytes_per_rank: float, ranks: int, hw: HardwarePro
     nodes = nodes_spanned(ranks, hw)
     if nodes <= 1:
         return all_to_all_seconds(nbytes_per_rank, ranks, hw)
-    local = min(ranks, hw.gpus_per_node)
+    local = min(ranks, hw.scale_up_gpus)
     intra = all_to_all_seconds(nbytes_per_rank * local / ranks, local, hw)
     remote = (ranks - local) / ranks * nbytes_per_rank / _scale_out_bandwidth(hw) + \
         (nodes - 1) * hw.scale_out_latency_us * 1e-6
@@ -65,7 +67,7 @@ def point_to_point_seconds(nbytes: float, hw: HardwareProfile, cross_node: bool)
     if nbytes <= 0:
         return 0.0
     if cross_node:
-        nodes_spanned(hw.gpus_per_node + 1, hw)     # refuses when the profile has no scale-out network
+        nodes_spanned(hw.scale_up_gpus + 1, hw)     # refuses when the profile has no scale-out network
         return nbytes / _scale_out_bandwidth(hw) + hw.scale_out_latency_us * 1e-6
     return nbytes / (hw.interconnect_bandwidth_gbps * 1e9 * hw.efficiency.communication) + \
         hw.interconnect_latency_us * 1e-6

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .engine_kernels import CollectiveCurve, EngineCalibration, parse_calibration
 from .engine_kernels.device_fit import parse_serving_fit, scale_calibration
-from .engines import DEFAULT_ENGINE, ENGINES
+from .engines import DEFAULT_ENGINE, ENGINES, engine_refusal
 from .profile_schema import ProfileFile, ProfileSchemaError, validate_efficiency, validate_profile
 
 
@@ -56,6 +56,7 @@ class Efficiency:
     communication: float    # fraction of interconnect bandwidth a collective reaches
     origin: str             # "fitted on ..." or "carried over from ..."
     eager_host_us: float = 25.0  # host time per launched op in HF eager (Python dispatch + launch)
+    fitted_on: str = ""     # the profile (name) whose measurements this fit was made on
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ class HardwareProfile:
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
     l2_cache_mb: float = 0.0      # 0: unknown, no L2 residency modelled
-    gpus_per_node: int = 8        # GPUs one interconnect domain (NVLink, Infinity Fabric, HCCS) joins
+    gpus_per_node: int = 8        # GPUs in one host (what --nodes counts)
+    domain_gpus: int = 0          # GPUs the interconnect joins (scale-up domain); 0: one node
     scale_out_name: str = ""      # the network between nodes; empty: unknown, multi-node layouts are refused
     scale_out_bandwidth_gbps: float = 0.0    # per GPU, per direction
     scale_out_latency_us: float = 0.0
@@ -97,6 +99,12 @@ class HardwareProfile:
     def pcie_only(self) -> bool:
         """GPUs reach each other over PCIe alone (no NVLink, Infinity Fabric or HCCS)."""
         return self.interconnect_name.lower().startswith("pcie")
+
+    @property
+    def scale_up_gpus(self) -> int:
+        """GPUs one scale-up domain (NVLink, Infinity Fabric, HCCS, UB) joins: collectives within it run on the
+        interconnect, beyond it on the scale-out network. A node unless the profile names a larger domain (NVL72)."""
+        return self.domain_gpus or self.gpus_per_node
 
     @property
     def l2_bytes(self) -> float:
@@ -117,6 +125,9 @@ class HardwareProfile:
         """The engine's kernel models on this device (fitted, or inherited as its `origin` says)."""
         if name not in ENGINES:
             raise ProfileError(f"unknown engine '{name}' (choose from {', '.join(ENGINES)})")
+        refusal = engine_refusal(name, self.vendor, self.name)
+        if refusal:
+            raise ProfileError(refusal)
         engines = self.engine_calibrations()
         if name in engines:
             return engines[name]
@@ -185,19 +196,20 @@ def profiles_dir() -> Path:
     return Path(str(resources.files("hw_profiles")))
 
 
-def _efficiency(eff: dict | None, where: str, seen: tuple = ()) -> Efficiency:
+def _efficiency(eff: dict | None, where: str, seen: tuple = (), name: str = "") -> Efficiency:
     if eff is None or "from" in eff:
         base = (eff or {}).get("from", "h200")
         if base in seen:
             raise ProfileError(f"{where}: efficiency 'from' loops through {base}")
         parent = load_profile(base, seen + (base,))
         return Efficiency(**{**parent.efficiency.__dict__, "origin": f"carried over from the {parent.name} fit"})
+        # (fitted_on stays the parent's: the device the numbers were measured on)
     e = validate_efficiency(eff, where)
     return Efficiency(gemm=GemmEfficiency(**e.gemm.model_dump()),
                       grouped_gemm=GemmEfficiency(**e.grouped_gemm.model_dump()),
                       attention=AttentionEfficiency(**e.attention.model_dump()),
                       elementwise=StreamEfficiency(**e.elementwise.model_dump()),
-                      communication=e.communication, origin=e.origin, eager_host_us=e.eager_host_us)
+                      communication=e.communication, origin=e.origin, eager_host_us=e.eager_host_us, fitted_on=name)
 
 
 def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
@@ -250,7 +262,9 @@ def _scaled(cal: EngineCalibration, raw: dict, where: str, field_name: str) -> E
 
 
 def _inherit(cal: EngineCalibration, parent: "HardwareProfile") -> EngineCalibration:
-    origin = cal.origin if cal.origin.startswith("carried over") else f"carried over from the {parent.name} fit"
+    """The parent's calibration, its origin naming the parent (and, when the parent carries it too, where from)."""
+    origin = (f"carried over from the {parent.name} profile, which has it {cal.origin}"
+              if cal.origin.startswith("carried over") else f"carried over from the {parent.name} fit")
     return EngineCalibration(**{**cal.__dict__, "origin": origin})
 
 
@@ -267,8 +281,9 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         interconnect_name=f.interconnect.name, interconnect_bandwidth_gbps=f.interconnect.bandwidth_gbps,
         interconnect_latency_us=f.interconnect.latency_us, host_link_name=f.host_link.name,
         host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,
-        efficiency=_efficiency(f.efficiency, where, seen), sources=dict(f.sources), path=where,
-        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies), **_scale_out(f))
+        efficiency=_efficiency(f.efficiency, where, seen, f.name), sources=dict(f.sources), path=where,
+        l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies),
+        domain_gpus=f.interconnect.domain_gpus or 0, **_scale_out(f))
 
 
 def _scale_out(f: ProfileFile) -> dict:

@@ -47,6 +47,9 @@ class Link(_Section):
     name: StrictStr = ""
     bandwidth_gbps: GBps
     latency_us: PositiveMicroseconds
+    # the scale-up domain: GPUs this link joins (NVLink through NVSwitch, Infinity Fabric, HCCS, UB); None: one
+    # node (scale_out.gpus_per_node). An NVL72 rack joins 72 GPUs on NVLink across 18 hosts of 4.
+    domain_gpus: Annotated[int, Field(strict=True, ge=1, le=10**5)] | None = None
 
 
 class ScaleOut(_Section):

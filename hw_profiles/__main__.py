@@ -14,16 +14,35 @@ def _fmt(rates: dict[str, float]) -> str:
 
 
 def _engines(hw) -> dict:
-    from cost.engines import ENGINES
-    return {name: hw.engine(name) for name in ENGINES}
+    """The engines that run on the device, with their calibrations."""
+    from cost.engines import ENGINES, engine_refusal
+    return {name: hw.engine(name) for name in ENGINES if engine_refusal(name, hw.vendor, hw.name) is None}
+
+
+def _refused(hw) -> dict[str, str]:
+    from cost.engines import ENGINES, engine_refusal
+    return {name: engine_refusal(name, hw.vendor, hw.name) for name in ENGINES
+            if engine_refusal(name, hw.vendor, hw.name) is not None}
+
+
+def fit_status(hw, engine: str) -> str:
+    """One engine's fit on the device: fitted, refused, or which profile's (and engine's) fit it carries."""
+    from cost.engines import engine_refusal
+    from cost.provenance import kernel_origin, kernels_fitted_on
+    if engine_refusal(engine, hw.vendor, hw.name):
+        return "refused"
+    origin = kernel_origin(hw, engine)
+    if not origin.carried_over:
+        return "fitted"
+    fitted, kernels_engine, scaled = kernels_fitted_on(hw, engine)
+    where = "this device" if fitted is not None and fitted.key == hw.key else (fitted.key if fitted else "none")
+    return (f"from {where}" + (f" ({kernels_engine})" if kernels_engine != engine else "")
+            + (" scaled" if scaled else ""))
 
 
 def _engine_summary(hw) -> str:
-    fitted = [name for name, cal in _engines(hw).items() if cal.origin.startswith("fitted")]
-    if fitted:
-        return "fitted: " + ", ".join(fitted)
-    origin = hw.engine("vllm").origin
-    return origin.replace("carried over from the ", "from ").replace(" fit", "")
+    from cost.engines import ENGINES
+    return ", ".join(f"{name} {fit_status(hw, name)}" for name in ENGINES)
 
 
 @quiet_broken_pipe
@@ -46,22 +65,24 @@ def show(args) -> int:
             "key": hw.key, "name": hw.name, "aliases": list(hw.aliases), "matrix_tflops": hw.matrix_tflops,
             "vector_tflops": hw.vector_tflops, "memory_bandwidth_gbps": hw.memory_bandwidth_gbps,
             "memory_capacity_gb": hw.memory_capacity_gb, "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,
+            "scale_up_gpus": hw.scale_up_gpus, "gpus_per_node": hw.gpus_per_node, "vendor": hw.vendor,
             "host_link_bandwidth_gbps": hw.host_link_bandwidth_gbps, "l2_cache_mb": hw.l2_cache_mb,
             "efficiency_origin": hw.efficiency.origin,
             "topologies": {name: t.description for name, t in hw.topologies.items()},
-            "engines": {name: {"origin": cal.origin, "inherited": list(cal.inherited)}
+            "engines": {name: {"origin": cal.origin, "inherited": list(cal.inherited), "fit": fit_status(hw, name)}
                         for name, cal in _engines(hw).items()},
+            "refused_engines": _refused(hw),
             "sources": hw.sources} for hw in profiles], indent=1))
         return 0
     rows = [[hw.key, hw.name, ", ".join(hw.aliases), f"{hw.matrix_tflops.get('bf16', 0):g}",
              f"{hw.matrix_tflops['fp8']:g}" if "fp8" in hw.matrix_tflops else "-",
              f"{hw.memory_bandwidth_gbps / 1000:g}", f"{hw.memory_capacity_gb:g}",
-             f"{hw.interconnect_bandwidth_gbps:g}", f"{hw.host_link_bandwidth_gbps:g}",
+             f"{hw.interconnect_bandwidth_gbps:g}", f"{hw.scale_up_gpus}", f"{hw.host_link_bandwidth_gbps:g}",
              "fitted" if hw.efficiency.origin.startswith("fitted") else "from h200",
              _engine_summary(hw)] for hw in profiles]
     print(format_table(["key", "name", "aliases", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "GB",
-                        "link GB/s", "host GB/s", "eager fit", "engine kernels"], rows,
-                       title="dense matrix peaks (no sparsity); link = per direction"))
+                        "link GB/s", "domain", "host GB/s", "eager fit", "engine kernels (fit per engine)"], rows,
+                       title="dense matrix peaks (no sparsity); link = per direction; domain = GPUs one link domain joins"))
     others = [f"{hw.key}:{name}" for hw in profiles if not hw.topology for name in hw.topologies]
     if others and not args.device:
         print(f"\nother server topologies (--device NAME:TOPOLOGY): {', '.join(others)}")
@@ -75,9 +96,11 @@ def show(args) -> int:
             for name, t in hw.topologies.items():
                 print(f"other topology {hw.key}:{name}: {t.description}")
         for name, cal in _engines(hw).items():
-            print(f"engine {name}: {cal.origin}")
+            print(f"engine {name} ({fit_status(hw, name)}): {cal.origin}")
             for note in cal.inherited:
                 print(f"  {note}")
+        for name, why in _refused(hw).items():
+            print(f"engine {name}: refused: {why}")
         for field, source in hw.sources.items():
             print(f"source {field}: {source}")
     return 0

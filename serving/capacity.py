@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from cost.engines import ServingDefaults
+from cost.execution import expert_slots
 from cost.profile import HardwareProfile
 from tracer.work import Trace
 
@@ -73,7 +74,14 @@ def expert_weight_bytes(trace: Trace) -> float:
 def weight_bytes_per_gpu(trace: Trace, tp: int = 1, ep: int = 1, pp: int = 1) -> float:
     """Dense weights shard over TP, routed experts over EP (or TP without EP); PP splits the layers."""
     experts = expert_weight_bytes(trace)
-    return ((trace.weight_bytes - experts) / tp + experts / (ep if ep > 1 else tp)) / max(1, pp)
+    held = _slot_share(trace, ep)
+    return ((trace.weight_bytes - experts) / tp + experts * held / (ep if ep > 1 else tp)) / max(1, pp)
+
+
+def _slot_share(trace: Trace, ep: int) -> float:
+    """Expert copies per expert an EP group holds (1, or more with redundant slots: cost/execution.expert_slots)."""
+    routed = next((op.experts.num_experts for op in trace.ops if op.experts is not None), 0)
+    return expert_slots(routed, ep) / routed if routed and ep > 1 else 1.0
 
 
 def replica_memory(probe: Trace, hw: HardwareProfile, defaults: ServingDefaults, reserve_gb: float, tp: int = 1,

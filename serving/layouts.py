@@ -68,7 +68,8 @@ class LayoutSpace:
 
 def layouts(num_gpus: int, heads: int, experts: int, space: LayoutSpace = LayoutSpace()) -> list[Layout]:
     """Layouts that use all `num_gpus`: TP dividing the attention heads, PP up to 8 stages, and for MoE models
-    EP of 1, TP, or TP x DP (a divisor of the experts); attention-DP layouts for MoE models."""
+    EP of 1 or TP (a divisor of the experts); attention-DP layouts for MoE models, their EP = TP x DP (with
+    redundant expert slots where it does not divide the experts)."""
     powers = [d for d in _divisors(num_gpus) if d & (d - 1) == 0]
     tps = [t for t in (space.tp_sizes or powers) if num_gpus % t == 0 and (heads % t == 0 or space.tp_sizes)]
     pps = [p for p in (space.pp_sizes or [1]) if num_gpus % p == 0]
@@ -85,7 +86,8 @@ def layouts(num_gpus: int, heads: int, experts: int, space: LayoutSpace = Layout
                 for ep in eps:
                     if ep == 1 or (experts % ep == 0 and tp % ep == 0):
                         out.append(Layout(tp, pp, dp, ep, False, space.ep_style if ep > 1 else EP_ALL_TOKENS))
-            if experts and dp > 1 and space.attention_dp != "off" and experts % (tp * dp) == 0 and \
+            # an EP group that does not divide the experts holds redundant copies (cost/execution.expert_slots)
+            if experts and dp > 1 and space.attention_dp != "off" and tp * dp <= experts and \
                     (not space.ep_sizes or tp * dp in space.ep_sizes):
                 out.append(Layout(tp, pp, dp, tp * dp, True, space.ep_style))
     # (EP over more GPUs than one replica's TP is one MoE group over ranks that step in lockstep: attention DP)

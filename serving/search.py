@@ -282,7 +282,11 @@ class Searcher:
         """The best split of `num_gpus` into prefill and decode instances; at an `offered` rate the pools serve
         that rate when they can (their capacity otherwise)."""
         kv_per_token = trace(self.spec, Request(1, 1, 1, decode=True), self.options).kv_bytes_per_token
-        transfer_s = kv_per_token * self.w.input_tokens / (self.hw.interconnect_bandwidth_gbps * 1e9)
+        # inside one scale-up domain (a node, an NVL72 rack) the KV moves on the interconnect, else on the network
+        link, gbps = ((self.hw.interconnect_name, self.hw.interconnect_bandwidth_gbps)
+                      if num_gpus <= self.hw.scale_up_gpus or self.hw.scale_out_bandwidth_gbps <= 0
+                      else (self.hw.scale_out_name or "the scale-out network", self.hw.scale_out_bandwidth_gbps))
+        transfer_s = kv_per_token * self.w.input_tokens / (gbps * 1e9)
         ttft_budget = None if self.limits.ttft_ms is None else self.limits.ttft_ms - transfer_s * 1e3
         if ttft_budget is not None and ttft_budget <= 0:
             return None
@@ -335,7 +339,7 @@ class Searcher:
                          rate * (self.w.input_tokens + o), gpus, mem_d,
                          limits_d.max_num_seqs, limits_p.max_batched_tokens,
                          mem_d.kv_tokens, "balanced pools", not why, why,
-                         [f"KV transfer {transfer_s * 1e3:.2f} ms per request over {self.hw.interconnect_name}",
+                         [f"KV transfer {transfer_s * 1e3:.2f} ms per request over {link}",
                           "decode instances ignore the prefix cache; prefill instances use it",
                           self.w.describe() + (" (disaggregated pools priced at its mean lengths)"
                                                if self.w.lengths is not None else "")]

@@ -18,11 +18,22 @@ from cost.op_formats import is_formats_note
 from cost.parallel import point_to_point_seconds
 from cost.execution import ENGINE
 from cost.profile import HardwareProfile
+from cost.provenance import kernel_origin
 from tracer.model_source import ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
 from .capacity import ReplicaMemory, replica_memory
+
+
+def step_overheads(hw: HardwareProfile, engine: str, release: str | None = None) -> tuple[ServingOverheads, str]:
+    """The engine's step overheads on `hw` and their origin: fitted with this device's kernel scaling on its own
+    cluster (`engines.serving_fit`, serving/calibrate_serving.py), else the engine's fit (cost/engine_serving.json)."""
+    on_device = hw.serving_fit_overheads(engine)
+    if on_device:
+        return (ServingOverheads.from_json(on_device[0], f"{hw.path}: engines.serving_fit.overheads"),
+                f"fitted on this device: {on_device[1]}")
+    return serving_overheads(engine, release)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -40,14 +51,12 @@ class StepCost:
         self.engine = engine
         self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         if execution == ENGINE:
-            fitted, self.overhead_origin = serving_overheads(engine, release)
-            on_device = hw.serving_fit_overheads(engine)
-            if on_device:   # fitted with this device's kernel scaling on its own cluster (serving/calibrate_serving.py)
-                fitted = ServingOverheads.from_json(on_device[0], f"{hw.path}: engines.serving_fit.overheads")
-                self.overhead_origin = f"fitted on this device: {on_device[1]}"
+            fitted, self.overhead_origin = step_overheads(hw, engine, release)
             self.overheads = overheads or fitted
         else:   # HF eager pays its host time inside each step already
             self.overheads, self.overhead_origin = ServingOverheads(0, 0, 0, 0, 0), "none (eager execution)"
+        # where every number of this cost comes from (said first by each command when carried over)
+        self.origin = kernel_origin(hw, engine if execution == ENGINE else None, self.overhead_origin)
         text = spec.config.get("text_config") or {}
         self.vocab = int(spec.config.get("vocab_size") or text.get("vocab_size") or 32000)
         self.hidden = int(spec.config.get("hidden_size") or text.get("hidden_size") or 4096)
@@ -80,11 +89,12 @@ class StepCost:
         return parts
 
     def formats_notes(self) -> list[str]:
-        """The weight format each kind of GEMM runs in (cost/op_formats.py), from a one-token step."""
+        """The weight format each kind of GEMM runs in (cost/op_formats.py), and how the layout's collectives and
+        expert slots are priced, from a one-token step."""
         if self._formats_notes is None:
             e = estimate(trace(self.spec, Request(1, 1, 0), self.options), self.hw, self.execution, self.par,
                          self.engine)
-            self._formats_notes = [n for n in e.notes if is_formats_note(n)]
+            self._formats_notes = [n for n in e.notes if is_formats_note(n)] + e.layout_notes
         return self._formats_notes
 
     def linear(self, tokens: int) -> float:
@@ -187,8 +197,9 @@ class StepCost:
         return self.par.pp * math.ceil(layers / self.par.pp) / layers
 
     def stage_send_s(self, tokens: int) -> float:
-        """Hidden states of `tokens` tokens sent to the next stage (across nodes when the replica spans them)."""
-        cross = self.par.tp * self.par.pp > self.hw.gpus_per_node
+        """Hidden states of `tokens` tokens sent to the next stage (on the scale-out network when the replica spans
+        more than one interconnect domain)."""
+        cross = self.par.tp * self.par.pp > self.hw.scale_up_gpus
         return point_to_point_seconds(tokens * self.hidden * 2, self.hw, cross)
 
     def beyond_kernels(self, sequences: float, tokens: int, kernels_s: float, decode_only: bool) -> float:

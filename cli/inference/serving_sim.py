@@ -18,7 +18,6 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
-from cost.profile import load_profile
 from cost.engines import ENGINES, serving_overheads
 from serving.capacity import replica_memory
 from serving.arrivals import ClosedLoopArrivals
@@ -33,7 +32,7 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (MAX_REQUESTS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser, Layout, add_device_arguments,
+from ..common import (load_device, origin_notes, MAX_REQUESTS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser, Layout, add_device_arguments,
                       add_model_arguments, check_layout_or_fail, check_plot_path, dumps_strict, finite_float,
                       model_spec, positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
@@ -168,7 +167,7 @@ def _simulate_one(label: str) -> tuple[str, dict]:
 
 
 def run(args) -> dict:
-    spec, hw, options = model_spec(args), load_profile(args.device), trace_options(args)
+    spec, hw, options = model_spec(args), load_device(args), trace_options(args)
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
@@ -196,6 +195,7 @@ def run(args) -> dict:
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
+           "origin": cost.origin.as_json(),
            "load": _load_label(args), "runs": {k: results[k] for k in runs}, "warnings": list(report.warnings),
            "lengths": args.lengths.describe() if args.lengths else None,
            "length_distribution": args.lengths.as_json() if args.lengths else None}
@@ -285,9 +285,9 @@ def render(out: dict) -> str:
             [[f"{s['gpu_cache_gb']:g}", f"{s['hit_rate'] * 100:.1f}%", _f(s["ttft_ms_p50"]),
               f"{s['evicted_blocks']:,}", f"{s['preemptions']:,}"] for s in out["sweep"]],
             title="hit rate vs GPU cache capacity")
-    if out.get("step_overheads"):
-        text += f"\nnote: step overheads: {out['step_overheads']}"
-    return text
+    for note in origin_notes(out["origin"]):
+        text += f"\nnote: {note}"
+    return (out["origin"]["headline"] + "\n" if out["origin"]["headline"] else "") + text
 
 
 def write_plot(out: dict, path: str) -> None:

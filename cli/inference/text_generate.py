@@ -69,7 +69,7 @@ class Result:
             "top_ops": [{"name": n, "class": c, "ms": s * 1e3, "launches": k, "bound": b}
                         for n, c, s, k, b in e.top(10)],
             "engine": e.engine, "ep_style": e.parallelism.ep_style if e.parallelism.ep > 1 else None,
-            "notes": self.notes,
+            "notes": self.notes, "origin": e.origin.as_json() if e.origin else None,
         }
 
     @property
@@ -82,6 +82,8 @@ def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: in
             options=None, engine: str = "vllm", ep_style: str = "all-tokens") -> Result:
     from tracer.work import TraceOptions
     hw = load_profile(device)
+    if execution == "engine":
+        hw.engine(engine)       # an engine that does not run on the device is refused before tracing
     info = config.get_request_info()
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     t = trace(spec, info.to_request(), options or TraceOptions())
@@ -95,7 +97,8 @@ def render(r: Result) -> str:
     e, info, m = r.estimate, r.info, r.memory
     label = "TPOT (decode step)" if info.decode else "TTFT (prefill)"
     how = f"{e.engine} engine kernels" if e.engine else f"{e.execution} execution"
-    lines = [f"{r.model} on {r.hw.name} x{e.parallelism.tp} (TP={e.parallelism.tp}"
+    first = [e.origin.headline()] if e.origin and e.origin.headline() else []
+    lines = first + [f"{r.model} on {r.hw.name} x{e.parallelism.tp} (TP={e.parallelism.tp}"
              f"{f', EP={e.parallelism.ep} ({e.parallelism.ep_style})' if e.parallelism.ep > 1 else ''}), {how}, "
              f"{r.trace.options.dtype}",
              f"{r.phase}: batch={info.num_queries} query={info.query_len} context={info.context_len} "

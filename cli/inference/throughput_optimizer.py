@@ -21,7 +21,6 @@ from dataclasses import replace
 
 from cost.engines import ENGINES
 from cost.layout_checks import Layout as CheckedLayout, ModelFacts, check_layout
-from cost.profile import load_profile
 from serving.layouts import LayoutSpace, layouts
 from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
@@ -35,8 +34,8 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, add_speculation_arguments,
-                      dumps_strict, hit_rate, model_spec, positive_int, quiet_broken_pipe, run_main, speculations,
-                      trace_options, warn)
+                      dumps_strict, hit_rate, load_device, model_spec, origin_notes, positive_int, quiet_broken_pipe,
+                      run_main, speculations, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
 from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
@@ -94,7 +93,7 @@ def _num_devices(args, hw) -> int:
 
 
 def optimize(args, on_progress=None) -> dict:
-    spec, hw, options = model_spec(args), load_profile(args.device), trace_options(args)
+    spec, hw, options = model_spec(args), load_device(args), trace_options(args)
     num_devices = _num_devices(args, hw)
     mix = load_hit_rate_distribution(args.prefix_cache_hit_rate_distribution) \
         if args.prefix_cache_hit_rate_distribution else None
@@ -177,9 +176,12 @@ def optimize(args, on_progress=None) -> dict:
                 on_progress(len(steps), len(steps), f"simulating {c.layout.label}")
             c.verified = simulate_candidate(searcher, c, load)
     points = pareto_points(searcher, candidates, load, shapes, settings, limits, spec, hw, options)
+    origin = searcher.cost(plan[0]).origin
     result = {
-        "model": spec.name, "device": hw.name, "num_devices": num_devices,
-        "nodes": math.ceil(num_devices / hw.gpus_per_node), "mode": args.mode, "execution": args.execution,
+        "model": spec.name, "device": hw.name, "num_devices": num_devices, "origin": origin.as_json(),
+        "nodes": math.ceil(num_devices / hw.gpus_per_node),
+        "scale_up_domains": math.ceil(num_devices / hw.scale_up_gpus), "scale_up_gpus": hw.scale_up_gpus,
+        "mode": args.mode, "execution": args.execution,
         "engine": args.engine if args.execution == "engine" else None,
         "load": {"kind": load.kind, "value": load.value if load.kind != MAX else None,
                  "arrival": load.arrival if load.kind == RATE else None, "requests": load.requests or None},
@@ -346,6 +348,7 @@ def render(r: dict) -> str:
         tail = f"no feasible layout: {r['why_no_feasible_layout']}"
     notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
                     "priced" in n})
+    notes = [n for n in origin_notes(r["origin"]) if n not in notes] + notes
     refused = [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
     spec = r.get("speculation")
     if spec:
@@ -356,7 +359,8 @@ def render(r: dict) -> str:
         tail += ("\nspeculation, best output tokens/s within the limits: without "
                  + (f"{base:,.0f}" if base else "none") + "; " + "; ".join(parts)
                  + (f"; winner: {spec['winner']}" if spec["winner"] else ""))
-    return "\n".join([head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
+    first = [r["origin"]["headline"]] if r["origin"]["headline"] else []
+    return "\n".join(first + [head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
 
 
 def body(args) -> int:
@@ -412,8 +416,9 @@ def main(argv=None) -> int:
     add_device_arguments(p)
     p.add_argument("--num-devices", type=positive_int, default=None, help="GPUs to deploy on")
     p.add_argument("--nodes", type=positive_int, default=None,
-                   help="nodes the GPUs span (the profile's gpus_per_node each); collectives across nodes are "
-                        "priced on its scale-out network")
+                   help="nodes (hosts) the GPUs span (the profile's gpus_per_node each: 4 per GB200 NVL72 tray); "
+                        "collectives beyond the scale-up domain (a node, or a whole NVL72 rack) are priced on the "
+                        "scale-out network")
     p.add_argument("--input-length", type=positive_int, default=None, help="prompt tokens per request")
     p.add_argument("--output-length", type=positive_int, default=None, help="generated tokens per request")
     p.add_argument("--lengths-file", default=None, metavar="FILE",
