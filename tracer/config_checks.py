@@ -30,6 +30,10 @@ SIZES = ("intermediate_size", "moe_intermediate_size", "vocab_size", "head_dim",
          "max_position_embeddings")
 
 
+# rope types whose config already states the extended length in max_position_embeddings
+_PRESCALED_ROPE = ("llama3", "longrope", "su")
+
+
 class ConfigError(ModelError):
     """A model config that cannot describe a buildable model."""
 
@@ -44,6 +48,30 @@ class ModelDims:
     latent_kv: bool               # MLA: one latent KV head shared by every query head
     max_position_embeddings: int | None
     rope_scaling: dict | None
+
+    @property
+    def max_context(self) -> int | None:
+        """The longest sequence the model was trained for (None: the config does not say)."""
+        return max_context(self.max_position_embeddings, self.rope_scaling)
+
+
+def max_context(max_position_embeddings: int | None, rope_scaling: dict | None) -> int | None:
+    """The context a config supports: max_position_embeddings, times the rope factor for rope types that
+    extend it at run time (YaRN from its original length, linear and dynamic NTK from the stated one)."""
+    if not max_position_embeddings:
+        return None
+    if not rope_scaling:
+        return max_position_embeddings
+    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    factor = rope_scaling.get("factor")
+    if rope_type in _PRESCALED_ROPE or isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+            or not factor >= 1:
+        return max_position_embeddings
+    base = max_position_embeddings
+    original = rope_scaling.get("original_max_position_embeddings")
+    if rope_type == "yarn" and isinstance(original, int) and original > 0:
+        base = original
+    return max(max_position_embeddings, int(base * factor))
 
 
 def text_config(config: dict) -> dict:
@@ -92,7 +120,7 @@ def model_dims(config: dict, where: str = "config") -> ModelDims:
         top_k=_count(c, TOP_K, where, 1, MAX_EXPERTS) if experts else None,
         latent_kv=bool(c.get("kv_lora_rank")),
         max_position_embeddings=_count(c, ("max_position_embeddings",), where, 1, 1 << 40),
-        rope_scaling=c.get("rope_scaling") if isinstance(c.get("rope_scaling"), dict) else None)
+        rope_scaling=next((c[k] for k in ("rope_scaling", "rope_parameters") if isinstance(c.get(k), dict)), None))
 
 
 def check_model_config(config: dict, where: str = "config") -> ModelDims:
