@@ -95,7 +95,7 @@ def check_plot_path(path: str | None) -> None:
     # matplotlib appends .png to a name without an extension: the file written would not be the one named
     extension = target.suffix[1:].lower()
     if not extension:
-        raise InputError(f"--plot {path} has no extension to name the format; give e.g. {target.name}.png")
+        raise InputError(f"--plot {path} has no extension to name the format; give e.g. {target.name.rstrip('.')}.png")
     formats = _plot_formats()
     if formats and extension not in formats:
         raise InputError(f"--plot {path}: .{extension} is not a format matplotlib writes ({', '.join(formats)})")

@@ -116,3 +116,14 @@ def test_infinite_latency_limit_means_no_limit(capsys):
     assert unlimited["best"]["output_tokens_per_s"] == default["best"]["output_tokens_per_s"]
     for bad in ("nan", "0", "-5", "abc"):
         assert "--ttft-limit" in refused(throughput_optimizer.main, [*argv, f"--ttft-limit={bad}"], capsys)
+
+
+@pytest.mark.parametrize("flags, env", [
+    (["--input-length", "1e12"], "TRACECOST_MAX_TOKENS"),       # was traced until the storage size overflowed
+    (["--output-length", "1e12"], "TRACECOST_MAX_TOKENS"),
+    (["--concurrency", "1e15"], "TRACECOST_MAX_REQUESTS"),      # was answered with a TTFT of 10^16 ms
+    (["--num-requests", "1e15"], "TRACECOST_MAX_REQUESTS"),
+])
+def test_optimizer_refuses_work_beyond_the_limits(flags, env, capsys):
+    argv = ["llama-3.2-1b", "--device", "h100", "--num-devices", "1", "--input-length", "512", "--output-length", "64"]
+    assert env in refused(throughput_optimizer.main, [*argv, *flags], capsys)

@@ -33,9 +33,9 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_RUNNING, MAX_TOKENS, ArgumentParser, add_device_arguments,
-                      add_model_arguments, check_plot_path, dumps_strict, hit_rate, limit_ms, model_spec, positive_int,
-                      quiet_broken_pipe, run_main, trace_options, warn)
+from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, MAX_TOKENS, ArgumentParser,
+                      add_device_arguments, add_model_arguments, check_plot_path, dumps_strict, hit_rate, limit_ms,
+                      model_spec, positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
 from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
@@ -97,6 +97,11 @@ def _num_devices(args, hw) -> int:
 def check_flags(args) -> None:
     """Flags that are wrong whatever the model: refused before anything is fetched or traced."""
     check_plot_path(args.plot)
+    if args.input_length is not None and args.output_length is not None:   # a request's KV: prompt + answer
+        MAX_TOKENS.check(args.input_length + args.output_length, "--input-length + --output-length")
+    for flag, value in (("--num-requests", args.num_requests), ("--concurrency", args.concurrency)):
+        if value is not None:   # 10^15 users is a typo; its answer (a queue of centuries) is no serving setup
+            MAX_REQUESTS.check(value, flag)
     if args.max_num_seqs is not None:
         MAX_RUNNING.check(args.max_num_seqs, "--max-num-seqs")
     if args.max_prefill_tokens is not None:
