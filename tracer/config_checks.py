@@ -27,7 +27,8 @@ LAYER_LISTS = ("layers_block_type", "layer_types", "hybrid_override_pattern")
 # where a composite config keeps its language model when it has no text_config (transformers'
 # PreTrainedConfig.get_text_config looks in the same places): T5Gemma-2, MusicGen and VisionEncoderDecoder in
 # `decoder`, BLT's latent transformer in `global_config`
-SUB_CONFIGS = ("decoder", "text_decoder", "global_config", "decoder_config", "language_config", "llm_config")
+SUB_CONFIGS = ("decoder", "text_decoder", "global_config", "decoder_config", "language_config", "llm_config",
+               "vlm_config")   # PI0's PaliGemma
 HEADS = ("num_attention_heads", "n_head", "n_heads")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
 HIDDEN = ("hidden_size", "n_embd", "d_model")
@@ -37,7 +38,9 @@ SIZES = ("intermediate_size", "moe_intermediate_size", "vocab_size", "head_dim",
          "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size",
          "max_position_embeddings")
 PER_LAYER_SIZES = ("intermediate_size", "moe_intermediate_size")   # a list, one per layer (Gemma-3n, ERNIE-4.5-VL)
-DERIVED_WHEN_ZERO = ("head_dim",)   # 0 or null: hidden_size / heads (GLM-5 Next's default config)
+# 0 is a stated value, not a degenerate one: head_dim 0 means hidden_size / heads, qk_rope_head_dim 0 an MLA without
+# a rotary part (both in GLM-5 Next's default config, transformers' configuration_glm5_next.py)
+ZERO_ALLOWED = ("head_dim", "qk_rope_head_dim")
 
 
 # rope types whose config already states the extended length in max_position_embeddings
@@ -159,7 +162,7 @@ def check_model_config(config: dict, where: str = "config") -> ModelDims:
         raise ConfigError(f"{where}: no layer count (one of {', '.join(LAYERS)})")
     _count(c, HIDDEN, where, 1, MAX_SIZE)
     for name in SIZES:
-        if name in DERIVED_WHEN_ZERO and c.get(name) == 0 and not isinstance(c.get(name), bool):
+        if name in ZERO_ALLOWED and c.get(name) == 0 and not isinstance(c.get(name), bool):
             continue
         _count(c, (name,), where, 1, MAX_SIZE if name != "max_position_embeddings" else 1 << 40)
     heads_name = _first(c, HEADS)[0]
