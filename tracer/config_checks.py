@@ -159,7 +159,8 @@ def check_model_config(config: dict, where: str = "config") -> ModelDims:
     c = text_config(config)
     dims = model_dims(config, where)
     if dims.layers is None:
-        raise ConfigError(f"{where}: no layer count (one of {', '.join(LAYERS)})")
+        raise ConfigError(f"{where}: no layer count (one of {', '.join(LAYERS)}, or a per-layer list: "
+                          f"{', '.join(LAYER_LISTS)})")
     _count(c, HIDDEN, where, 1, MAX_SIZE)
     for name in SIZES:
         if name in ZERO_ALLOWED and c.get(name) == 0 and not isinstance(c.get(name), bool):
