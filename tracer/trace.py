@@ -326,6 +326,13 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     except Exception as e:  # noqa: BLE001 - an unsupported model is a one-line error naming the module
         where = recorder.module[0] or type(built.model).__name__
         text = str(e).strip()
+        missing = getattr(e, "name", None) if isinstance(e, AttributeError) else None
+        if missing and type(getattr(e, "obj", None)).__module__ == "tracer.kv_cache":
+            # the model keeps a KV state of its own kind (DeepSeek-V4's compressed entries) through its own
+            # cache layer's methods, which the meta cache does not have
+            raise ModelError(f"unsupported: {model_name}: module '{where}' ({recorder.module[1]}) keeps its own "
+                             f"kind of KV cache state (through the cache method '{missing}'), which tracecost's "
+                             f"meta cache does not model") from None
         raise ModelError(f"unsupported: {model_name}: tracing failed in module '{where}' ({recorder.module[1]}): "
                          f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from None
     finally:
