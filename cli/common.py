@@ -23,9 +23,9 @@ from .inference.config import InputError
 USER_ERRORS = (InputError, LayoutError, ModelError, ProfileError, WorkloadError, ValueError)
 
 __all__ = ["ArgumentParser", "USER_ERRORS", "WorkLimit", "add_device_arguments", "add_model_arguments",
-           "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "load_device",
-           "model_spec", "origin_notes", "positive_int", "quiet_broken_pipe", "run_main", "speculations",
-           "add_speculation_arguments", "trace_options", "warn"]
+           "check_layout_or_fail", "check_plot_path", "dumps_strict", "finite_float", "hit_rate", "limit_ms",
+           "load_device", "model_spec", "origin_notes", "positive_int", "quiet_broken_pipe", "run_main",
+           "speculations", "add_speculation_arguments", "trace_options", "warn"]
 
 
 class WorkLimit:
@@ -59,6 +59,10 @@ MAX_SWEEP = WorkLimit("TRACECOST_MAX_SWEEP", 256, "points in one sweep")
 MAX_REQUESTS = WorkLimit("TRACECOST_MAX_REQUESTS", 10**6, "requests in one simulation")
 MAX_SIM_TOKENS = WorkLimit("TRACECOST_MAX_SIM_TOKENS", 5 * 10**8, "tokens (prompt + output) in one simulation")
 MAX_SIM_STEPS = WorkLimit("TRACECOST_MAX_SIM_STEPS", 5 * 10**5, "engine steps in one simulation (estimated)")
+# the largest GPU clusters hold ~10^5 GPUs; one model's deployment searched over 10^7 of them is a typo (and its
+# disaggregated pool splits are one pricing each)
+MAX_DEVICES = WorkLimit("TRACECOST_MAX_DEVICES", 65536, "GPUs in one deployment")
+MAX_RUNNING = WorkLimit("TRACECOST_MAX_RUNNING", 1 << 20, "requests running at once in one engine instance")
 
 
 def finite_float(low: float | None = None, high: float | None = None, *, low_open: bool = False):
@@ -90,6 +94,22 @@ def check_plot_path(path: str | None) -> None:
         raise InputError(f"--plot {path} is a folder; give a file name such as plot.png")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise InputError(f"--plot {path}: not writable")
+    # matplotlib appends .png to a name without an extension: the file written would not be the one named
+    extension = target.suffix[1:].lower()
+    if not extension:
+        raise InputError(f"--plot {path} has no extension to name the format; give e.g. {target.name.rstrip('.')}.png")
+    formats = _plot_formats()
+    if formats and extension not in formats:
+        raise InputError(f"--plot {path}: .{extension} is not a format matplotlib writes ({', '.join(formats)})")
+
+
+def _plot_formats() -> list[str]:
+    """The extensions the installed matplotlib's savefig writes; [] without matplotlib (no plot is written)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return []
+    return sorted(Figure().canvas.get_supported_filetypes())
 
 
 def check_layout_or_fail(config: dict, name: str, layout: Layout, input_length: int | None = None,
@@ -101,6 +121,19 @@ def check_layout_or_fail(config: dict, name: str, layout: Layout, input_length: 
     for message in report.warnings:
         warn(message)
     return report
+
+
+def limit_ms(text: str) -> float | None:
+    """argparse type for a latency limit in ms: a number > 0; inf means no limit (None)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of ms (or inf: no limit), got '{text}'") from None
+    if value == math.inf:
+        return None
+    if not value > 0:   # also NaN and -inf
+        raise argparse.ArgumentTypeError(f"must be a number of ms > 0 (or inf: no limit), got {text}")
+    return value
 
 
 def hit_rate(text: str) -> float:

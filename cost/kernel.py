@@ -7,7 +7,8 @@ ROWS is a file (or - for stdin) with one JSON object per line; each is written b
     {"op":"attention","phase":"prefill|decode","batch":..,"query":..,"context":..,"heads":..,"kv_heads":..,
      "head_dim":..,"window":0,"kv_dtype":"bf16|fp8"}             (decode: query 1 over context + 1 keys)
     {"op":"moe","tokens":..,"hidden":..,"inter":..,"experts":..,"top_k":..,"tp":1,"ep":1,"dtype":..,
-     "distribution":"balanced|power_law_1.2|random"}
+     "distribution":"balanced|power_law_1.2|random","gated":true}
+                   (gated: gate + up + down GEMMs, SwiGLU, the default; false: up + down, relu^2 as Nemotron-H)
     {"op":"allreduce","bytes":..,"gpus":..,"impl":"nccl|custom"}
 
 Each timed region is what the published kernel tables time (cost/kernel_rows.py says exactly what). Each row

@@ -22,11 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracer.config_checks import model_dims
+from tracer.config_checks import max_context, model_dims  # noqa: F401 - max_context: part of this API
 from .execution import expert_slots
-
-# rope types whose config already states the extended length in max_position_embeddings
-_PRESCALED_ROPE = ("llama3", "longrope", "su")
 
 
 class LayoutError(ValueError):
@@ -47,26 +44,7 @@ class ModelFacts:
         d = model_dims(config, name)
         heads = d.heads or 1
         return cls(name=name, heads=heads, kv_heads=d.kv_heads or heads, routed_experts=d.routed_experts,
-                   latent_kv=d.latent_kv, max_context=max_context(d.max_position_embeddings, d.rope_scaling))
-
-
-def max_context(max_position_embeddings: int | None, rope_scaling: dict | None) -> int | None:
-    """The context a config supports: max_position_embeddings, times the rope factor for rope types that
-    extend it at run time (YaRN from its original length, linear and dynamic NTK from the stated one)."""
-    if not max_position_embeddings:
-        return None
-    if not rope_scaling:
-        return max_position_embeddings
-    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))
-    factor = rope_scaling.get("factor")
-    if rope_type in _PRESCALED_ROPE or isinstance(factor, bool) or not isinstance(factor, (int, float)) \
-            or not factor >= 1:
-        return max_position_embeddings
-    base = max_position_embeddings
-    original = rope_scaling.get("original_max_position_embeddings")
-    if rope_type == "yarn" and isinstance(original, int) and original > 0:
-        base = original
-    return max(max_position_embeddings, int(base * factor))
+                   latent_kv=d.latent_kv, max_context=d.max_context)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import sys
 from collections import defaultdict
 
 from .cli_io import dumps_strict, quiet_broken_pipe
+from .config_checks import model_dims
 from .model_source import ModelError, ModelSpec, bundled_models, resolve_model
 from .table import format_table, human
 from .weight_formats import role_formats
@@ -116,6 +117,17 @@ def crosscheck_table(t: Trace, formula: dict) -> str:
     return format_table(["class", "traced", "formula", "difference"], rows, title="cross-check: tracer vs formulas")
 
 
+def context_warnings(spec: ModelSpec, request: Request) -> list[str]:
+    """A sequence longer than the model was trained for is traced as asked, with a warning saying so."""
+    longest = model_dims(spec.config, spec.name).max_context
+    length = request.context_length + request.query_length
+    if longest is None or length <= longest:
+        return []
+    return [f"{length:,} tokens (context + query) exceed {spec.name}'s maximum context of {longest:,} "
+            f"(max_position_embeddings, rope scaling considered): the model was not trained for it; traced as if "
+            f"it ran"]
+
+
 def list_models() -> str:
     return format_table(["name", "family", "source"],
                         [[m.name, m.family, m.source] for m in bundled_models().values()])
@@ -150,9 +162,12 @@ def main(argv=None) -> int:
         spec = model_spec(args)
         options = trace_options(args)
         t = trace(spec, request, options)
+        warnings = context_warnings(spec, request)
     except (ValueError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for message in warnings:
+        print(f"warning: {message}", file=sys.stderr)
     formula, no_formula = None, None
     if args.crosscheck:
         from .formulas import NoFormula, full_config, model_flops
@@ -161,7 +176,7 @@ def main(argv=None) -> int:
         except NoFormula as e:
             no_formula = str(e)
     if args.json:
-        out = trace_summary(t)
+        out = {**trace_summary(t), "warnings": warnings}
         if formula is not None:
             out["formula_flops_by_class"] = formula
         if no_formula is not None:

@@ -248,10 +248,41 @@ def _padding_mask(model, batch: int, length: int) -> dict:
         return {}
     owners = {type(model)} | {type(m) for m in model.children()}
     try:
-        needs = any("attention_mask.shape" in inspect.getsource(cls.forward) for cls in owners)
-    except (OSError, TypeError):
+        needs = any(_reads_mask_shape_unguarded(inspect.getsource(cls.forward)) for cls in owners)
+    except (OSError, TypeError, SyntaxError):
         needs = False
     return {"attention_mask": torch.ones(batch, length, dtype=torch.long, device="meta")} if needs else {}
+
+
+def _reads_mask_shape_unguarded(source: str) -> bool:
+    """The forward reads `attention_mask.shape` where no `attention_mask is not None` test guards it (GIT in
+    transformers 5.17 while decoding). Where it is guarded (GIT in 5.24, which then widens a given mask by the
+    image tokens it assumes cached), passing no mask is what generation without one does."""
+    import ast
+    import textwrap
+
+    def guards(test: ast.AST) -> bool:
+        return any(isinstance(n, ast.Compare) and isinstance(n.left, ast.Name) and n.left.id == "attention_mask"
+                   and any(isinstance(op, ast.IsNot) for op in n.ops) for n in ast.walk(test))
+
+    def unguarded(node: ast.AST, safe: bool) -> bool:
+        if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name) \
+                and node.value.id == "attention_mask":
+            return not safe
+        if isinstance(node, (ast.If, ast.IfExp)):
+            inner = safe or guards(node.test)
+            body = node.body if isinstance(node.body, list) else [node.body]
+            orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+            return unguarded(node.test, safe) or any(unguarded(n, inner) for n in body) or \
+                any(unguarded(n, safe) for n in orelse)
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+            for value in node.values:
+                if unguarded(value, safe):
+                    return True
+                safe = safe or guards(value)
+            return False
+        return any(unguarded(child, safe) for child in ast.iter_child_nodes(node))
+    return unguarded(ast.parse(textwrap.dedent(source)), False)
 
 
 def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_size: float, model_name: str,
@@ -295,6 +326,13 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     except Exception as e:  # noqa: BLE001 - an unsupported model is a one-line error naming the module
         where = recorder.module[0] or type(built.model).__name__
         text = str(e).strip()
+        missing = getattr(e, "name", None) if isinstance(e, AttributeError) else None
+        if missing and type(getattr(e, "obj", None)).__module__ == "tracer.kv_cache":
+            # the model keeps a KV state of its own kind (DeepSeek-V4's compressed entries) through its own
+            # cache layer's methods, which the meta cache does not have
+            raise ModelError(f"unsupported: {model_name}: module '{where}' ({recorder.module[1]}) keeps its own "
+                             f"kind of KV cache state (through the cache method '{missing}'), which tracecost's "
+                             f"meta cache does not model") from None
         raise ModelError(f"unsupported: {model_name}: tracing failed in module '{where}' ({recorder.module[1]}): "
                          f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from None
     finally:

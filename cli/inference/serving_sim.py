@@ -32,9 +32,10 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (load_device, origin_notes, MAX_REQUESTS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser, Layout, add_device_arguments,
-                      add_model_arguments, check_layout_or_fail, check_plot_path, dumps_strict, finite_float,
-                      model_spec, positive_int, quiet_broken_pipe, run_main, trace_options, warn)
+from ..common import (MAX_BATCH_TOKENS, MAX_REQUESTS, MAX_RUNNING, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser,
+                      Layout, add_device_arguments, add_model_arguments, check_layout_or_fail, check_plot_path,
+                      dumps_strict, finite_float, load_device, model_spec, origin_notes, positive_int,
+                      quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
 from .memory import kv_heads
 
@@ -104,6 +105,15 @@ def load_workload(args):
     args.lengths = None
     if args.workload is None:
         raise WorkloadError("give --workload PRESET|FILE.jsonl|mooncake:FILE, or --lengths-file FILE")
+    if args.workload not in PRESETS:
+        # a trace is replayed whole at its own arrival times (--time-scale speeds it up)
+        given = [flag for flag, value in (("--num-requests", args.num_requests), ("--request-rate", args.request_rate))
+                 if value is not None]
+        if given:
+            verb = "apply" if len(given) > 1 else "applies"
+            raise WorkloadError(f"{' and '.join(given)} {verb} to a preset or --lengths-file; the trace "
+                                f"{args.workload} is replayed whole at its own arrival times (scale them with "
+                                f"--time-scale)")
     args.num_requests = args.num_requests or 200
     if args.workload in PRESETS:
         MAX_REQUESTS.check(args.num_requests, "--num-requests")
@@ -171,6 +181,8 @@ def run(args) -> dict:
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
+    MAX_RUNNING.check(args.max_running, "--max-running")
+    MAX_BATCH_TOKENS.check(args.max_prefill_tokens, "--max-prefill-tokens")
     check_plot_path(args.plot)
     requests = load_workload(args)
     check_work(args, requests)

@@ -237,11 +237,12 @@ def main(argv=None) -> int:
                    help=f"tokens already in the KV cache (default 0; context + query at most {MAX_TOKENS.default:,}, "
                         f"raised with {MAX_TOKENS.env})")
     p.add_argument("--decode", action="store_true", help="one decode step over the context")
-    p.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
-                   help="fraction of query tokens found in the prefix cache, in [0, 1) (default 0.0)")
-    p.add_argument("--sweep-prefix-cache-hit-rate", type=rate_list, default=None, metavar="R1,R2,...",
-                   help=f"prefill TTFT for each hit rate, with the speedup over rate 0 (at most "
-                        f"{MAX_SWEEP.default} rates, raised with {MAX_SWEEP.env})")
+    hits = p.add_mutually_exclusive_group()   # the sweep gives every rate itself
+    hits.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
+                      help="fraction of query tokens found in the prefix cache, in [0, 1) (default 0.0)")
+    hits.add_argument("--sweep-prefix-cache-hit-rate", type=rate_list, default=None, metavar="R1,R2,...",
+                      help=f"prefill TTFT for each hit rate, with the speedup over rate 0 (at most "
+                           f"{MAX_SWEEP.default} rates, raised with {MAX_SWEEP.env})")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="with the sweep: draw TTFT vs hit rate")
     p.add_argument("--tp-size", type=positive_int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--ep-size", type=positive_int, default=1, help="expert-parallel degree for MoE (default 1)")

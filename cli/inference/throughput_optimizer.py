@@ -33,9 +33,10 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, add_speculation_arguments,
-                      dumps_strict, hit_rate, load_device, model_spec, origin_notes, positive_int, quiet_broken_pipe,
-                      run_main, speculations, trace_options, warn)
+from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, MAX_TOKENS, ArgumentParser,
+                      add_device_arguments, add_model_arguments, add_speculation_arguments, check_plot_path,
+                      dumps_strict, hit_rate, limit_ms, load_device, model_spec, origin_notes, positive_int,
+                      quiet_broken_pipe, run_main, speculations, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
 from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
@@ -81,9 +82,11 @@ def _num_devices(args, hw) -> int:
     if args.nodes is None:
         if args.num_devices is None:
             raise InputError("give --num-devices N (or --nodes K for K whole nodes)")
+        MAX_DEVICES.check(args.num_devices, "--num-devices")
         return args.num_devices
     per_node = hw.gpus_per_node
     n = args.num_devices or args.nodes * per_node
+    MAX_DEVICES.check(n, "--nodes x GPUs per node" if args.num_devices is None else "--num-devices")
     if n > args.nodes * per_node or n <= (args.nodes - 1) * per_node:
         raise InputError(f"--num-devices {n} does not fill --nodes {args.nodes} of {per_node} GPUs ({hw.name})")
     if args.nodes > 1 and hw.scale_out_bandwidth_gbps <= 0:
@@ -92,16 +95,47 @@ def _num_devices(args, hw) -> int:
     return n
 
 
+def check_flags(args) -> None:
+    """Flags that are wrong whatever the model: refused before anything is fetched or traced."""
+    check_plot_path(args.plot)
+    if args.input_length is not None and args.output_length is not None:   # a request's KV: prompt + answer
+        MAX_TOKENS.check(args.input_length + args.output_length, "--input-length + --output-length")
+    for flag, value in (("--num-requests", args.num_requests), ("--concurrency", args.concurrency)):
+        if value is not None:   # 10^15 users is a typo; its answer (a queue of centuries) is no serving setup
+            MAX_REQUESTS.check(value, flag)
+    if args.max_num_seqs is not None:
+        MAX_RUNNING.check(args.max_num_seqs, "--max-num-seqs")
+    if args.max_prefill_tokens is not None:
+        MAX_BATCH_TOKENS.check(args.max_prefill_tokens, "--max-prefill-tokens")
+    if args.prefix_cache_block_size > 1:
+        MAX_TOKENS.check(args.prefix_cache_block_size, "--prefix-cache-block-size")
+
+
+def _hit_rate(args) -> tuple[float, list | None]:
+    """(hit rate priced, the distribution's bins or None)."""
+    if not args.prefix_cache_hit_rate_distribution:
+        return args.prefix_cache_hit_rate, None
+    mix = load_hit_rate_distribution(args.prefix_cache_hit_rate_distribution)
+    rate = sum(r * w for r, w in mix)
+    if len(mix) > 1:   # one priced rate: a request's own hit rate does not move its latency here
+        warn(f"--prefix-cache-hit-rate-distribution: every request is priced at the mean hit rate {rate:.3g}; "
+             f"the spread of the {len(mix)} bins (from {mix[0][0]:.3g} to {mix[-1][0]:.3g}) is not modelled, so "
+             f"latency percentiles do not include it")
+    return rate, mix
+
+
 def optimize(args, on_progress=None) -> dict:
+    check_flags(args)
     spec, hw, options = model_spec(args), load_device(args), trace_options(args)
     num_devices = _num_devices(args, hw)
-    mix = load_hit_rate_distribution(args.prefix_cache_hit_rate_distribution) \
-        if args.prefix_cache_hit_rate_distribution else None
-    rate = sum(r * w for r, w in mix) if mix else args.prefix_cache_hit_rate
+    rate, mix = _hit_rate(args)
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     budget = args.max_prefill_tokens or defaults.max_batched_tokens
     input_length, output_length, lengths = _lengths(args)
     shapes = ServingShapes(input_length, output_length, rate, budget, args.prefix_cache_block_size)
+    if args.prefix_cache_block_size > int(input_length * rate) > 0:
+        warn(f"--prefix-cache-block-size {args.prefix_cache_block_size}: hits count in whole blocks, and the "
+             f"{int(input_length * rate)} hit tokens hold none, so nothing is cached")
     workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens,
                         args.shared_prefix_kv, lengths)
     limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat)
@@ -392,6 +426,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+MAX_TOP = 1000   # more candidates than a search of MAX_DEVICES GPUs evaluates: a larger --top is a typo
+
+
+def _top(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_TOP:
+        raise ValueError(f"must be <= {MAX_TOP}, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = _positive_float(text)
     if value > 1:
@@ -433,19 +477,20 @@ def main(argv=None) -> int:
     load.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
                       help="closed-loop load: C users, each sending its next request when answered")
     p.add_argument("--arrival", default="poisson", choices=ARRIVALS, help="open-loop arrivals (default poisson)")
-    p.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
-                   help="fraction of input tokens found in the prefix cache, in [0, 1) (default 0.0)")
+    hits = p.add_mutually_exclusive_group()
+    hits.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
+                      help="fraction of input tokens found in the prefix cache, in [0, 1) (default 0.0)")
     p.add_argument("--prefix-cache-block-size", type=positive_int, default=1,
                    help="count cache hits in whole blocks of this many tokens (default 1: token granularity)")
     p.add_argument("--shared-prefix-kv", action="store_true",
                    help="the cached prefix is one prefix all requests share, stored once in the KV cache (more "
                         "requests fit); default: the RFC's accounting, every request holds its whole input")
-    p.add_argument("--prefix-cache-hit-rate-distribution", default=None, metavar="FILE",
-                   help="per-request hit rates (JSON list or one per line); the search uses their mean")
-    p.add_argument("--ttft-limit", type=typed(_positive_float), default=None, metavar="MS",
-                   help="time-to-first-token limit in ms (applies to --limit-stat)")
-    p.add_argument("--tpot-limit", type=typed(_positive_float), default=None, metavar="MS",
-                   help="time-per-output-token limit in ms")
+    hits.add_argument("--prefix-cache-hit-rate-distribution", default=None, metavar="FILE",
+                      help="per-request hit rates (JSON list or one per line); the search uses their mean")
+    p.add_argument("--ttft-limit", type=limit_ms, default=None, metavar="MS",
+                   help="time-to-first-token limit in ms (applies to --limit-stat; inf: no limit)")
+    p.add_argument("--tpot-limit", type=limit_ms, default=None, metavar="MS",
+                   help="time-per-output-token limit in ms (inf: no limit)")
     p.add_argument("--limit-stat", default="mean", choices=STATS,
                    help="the TTFT and TPOT statistic the limits apply to, over requests (default mean)")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
@@ -470,7 +515,7 @@ def main(argv=None) -> int:
     p.add_argument("--emit", default=None, choices=list(LAUNCHERS),
                    help="print the best layout as this engine's launch command")
     add_speculation_arguments(p, several_k=True)
-    p.add_argument("--top", type=positive_int, default=10, help="candidates to show (default 10)")
+    p.add_argument("--top", type=typed(_top), default=10, help=f"candidates to show (default 10, at most {MAX_TOP})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_model_arguments(p)
     args = p.parse_args(argv)

@@ -1,0 +1,45 @@
+"""Issue 23 item 4: model types of the transformers sweep (bench/arch_coverage.py) that traced wrongly or were
+refused although tracecost models them."""
+from tracer.trace import _reads_mask_shape_unguarded
+
+GIT_517 = '''
+def forward(self, input_ids, attention_mask=None, past_key_values=None):
+    if pixel_values is not None:
+        if attention_mask is not None:
+            attention_mask = torch.cat([ones, attention_mask], dim=-1)
+    elif past_key_values is not None and seq_len == 1:
+        extended = torch.ones((attention_mask.shape[0], past - attention_mask.shape[1] + 1))
+'''
+GIT_524 = '''
+def forward(self, input_ids, attention_mask=None, cache=None):
+    if pixel_values is not None:
+        x = 1
+    elif cache is not None and cache_length > 0 and attention_mask is not None and attention_mask.ndim == 2:
+        extended = torch.ones((attention_mask.shape[0], self.image_patch_tokens))
+    n = attention_mask.shape[1] if attention_mask is not None else 0
+'''
+
+
+def test_padding_mask_only_where_its_shape_is_read_unguarded():
+    assert _reads_mask_shape_unguarded(GIT_517)        # GIT 5.17 decoding reads it: give the all-ones mask
+    assert not _reads_mask_shape_unguarded(GIT_524)    # GIT 5.24 widens a given mask by image tokens: give none
+    assert _reads_mask_shape_unguarded("def f(attention_mask):\n    return attention_mask.shape[0]\n")
+
+
+def _default_trace(model_type, tmp_path, request):
+    from transformers import AutoConfig
+
+    from tracer import TraceOptions, trace
+    from tracer.model_source import resolve_model
+    AutoConfig.for_model(model_type).to_json_file(str(tmp_path / "config.json"))
+    return trace(resolve_model(str(tmp_path)), request, TraceOptions(dtype="bf16"))
+
+
+def test_git_traces_over_a_cached_context(tmp_path):
+    from tracer import Request
+    for request in (Request(2, 64, 128), Request(2, 1, 256, decode=True)):
+        t = _default_trace("git", tmp_path, request)
+        assert t.checks["flop_identity"].startswith("holds") and t.checks["cache"].startswith("every attention"), \
+            t.checks
+        keys = {op.attention.context_length + op.attention.query_length for op in t.ops if op.attention is not None}
+        assert keys == {request.seq_len}
