@@ -12,6 +12,8 @@ Each step (vllm/v1/core/sched/scheduler.py, Scheduler.schedule):
 """
 from __future__ import annotations
 
+import random
+
 from collections import deque
 
 from .cpu_pool import CpuPool
@@ -47,6 +49,9 @@ class Engine:
         self.seen_blocks: set[int] = set()  # prompt blocks computed here before (for "re-needed")
         self.requests = 0
         self.prompt_tokens = self.hit_tokens = 0
+        # speculative decoding: each decode verifies k + 1 tokens and gains a drawn number of them
+        self.verify_tokens = cost.speculation.k + 1 if cost.speculation is not None else 1
+        self.rng = random.Random(index)
 
     @property
     def load(self) -> int:
@@ -68,7 +73,7 @@ class Engine:
         cfg, cache, running = self.config, self.cache, self.running
         self._integrate(self.clock)
         if running and cache.decode_granule > 1 and len(running) <= cfg.max_prefill_tokens \
-                and self._decode_run(horizon):
+                and self.verify_tokens == 1 and self._decode_run(horizon):
             return
         budget, granule, preempted = cfg.max_prefill_tokens, cache.decode_granule, False
         decodes, chunks = [], []          # decode steps; (seq, tokens) prefill chunks
@@ -77,7 +82,9 @@ class Engine:
             s = running[i]
             c = s.num_computed
             n = rest = s.num_tokens - c
-            if rest == 1 and s.num_tokens > s.prompt and c % granule and (c + 1) % granule:   # decode in a block
+            if rest == 1 and s.num_tokens > s.prompt and self.verify_tokens > 1:   # a speculative decode
+                n = min(self.verify_tokens, s.end - c)
+            elif rest == 1 and s.num_tokens > s.prompt and c % granule and (c + 1) % granule:   # decode in a block
                 decodes.append(s)
                 budget -= 1
                 i += 1
@@ -229,10 +236,12 @@ class Engine:
     def _run(self, decodes: list, chunks: list, load_s: float) -> None:
         cache, res = self.cache, self.res
         decode_ctx, sampled, finished = 0, [], []
+        spec = self.cost if self.verify_tokens > 1 else None
         for s in decodes:
             decode_ctx += s.num_computed
-            s.num_computed += 1
-            s.num_tokens += 1
+            gained = min(spec.accepted(self.rng), s.end - s.num_tokens) if spec is not None else 1
+            s.num_computed += gained
+            s.num_tokens += gained
             if s.num_tokens >= s.end:
                 finished.append(s)
         shapes = []

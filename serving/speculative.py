@@ -228,6 +228,24 @@ class SpeculativeStep:
         return kernels + sampled + t.beyond_kernels(decoding + chunks, math.ceil(tokens), kernels,
                                                     decode_only=prefill_tokens <= 0)
 
+    def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
+        """The event simulator's step (serving/engine.py): `decode_batch` requests verify k + 1 tokens each
+        beside the prefill chunks [(tokens, context)]."""
+        if not chunks:
+            return self.steady(decode_batch, 0, 1, 0, decode_context)
+        tokens = sum(n for n, _ in chunks)
+        return self.steady(decode_batch, tokens, tokens / len(chunks), sum(c for _, c in chunks) / len(chunks),
+                           decode_context)
+
+    def accepted(self, rng) -> int:
+        """Tokens one request gains in one step, drawn: the proposals accepted in a row, and the target's own."""
+        gained = 1
+        for i in range(self.speculation.k):
+            if rng.random() >= self.speculation.acceptance[min(i, len(self.speculation.acceptance) - 1)]:
+                break
+            gained += 1
+        return gained
+
     def draft_memory(self) -> tuple[float, float]:
         """(weight bytes per GPU, KV bytes per token per GPU) the draft adds."""
         if self._draft_memory is None:

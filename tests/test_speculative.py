@@ -102,3 +102,27 @@ def test_optimizer_searches_k_and_speculation_wins_only_at_a_tight_tpot(capsys):
     assert opt_main(["llama-3.1-8b", "--device", "h100", "--speculative", "mtp", "--num-devices", "1",
                      "--input-length", "100", "--output-length", "10"]) == 2
     assert "no multi-token-prediction layer" in capsys.readouterr().err
+
+
+def test_simulated_batches_carry_mixed_progress_and_agree_with_the_steady_state():
+    """The event simulator draws each request's accepted tokens per step: requests of one burst finish at
+    different steps, and the mean TPOT agrees with the steady state's step / tokens per step."""
+    from serving.simulator import ServerConfig, simulate
+    from serving.workload import SimRequest
+    cost = StepCost(resolve_model("llama-3.2-1b"), load_profile("h100"), TraceOptions(), "engine", 1, "trtllm")
+    spec = parse_speculation("eagle3", 3, acceptance_rate=0.7)
+    step = speculative_step(cost, spec)
+    n, prompt, out = 32, 512, 200
+    requests = [SimRequest(i, 0.0, prompt, out) for i in range(n)]
+    config = ServerConfig(max_running=64, max_prefill_tokens=8192, prefix_caching=False, gpu_blocks=100_000,
+                          api_server=False)
+    res = simulate(requests, step, config)
+    plain = simulate([SimRequest(i, 0.0, prompt, out) for i in range(n)], cost, config)
+    tpots = [r.tpot_s for r in res.records]
+    assert len(set(round(t, 6) for t in tpots)) > n // 2            # mixed progress, not one lockstep batch
+    assert res.steps < 0.7 * plain.steps                            # fewer steps for the same tokens
+    limits = Limits(max_num_seqs=64, max_batched_tokens=8192, kv_tokens=1_000_000)
+    from serving.steady_state import MAX
+    model = solve(step.steady, prompt, out, 0, Load(MAX, requests=n), limits, tokens_per_step=step.tokens_per_step)
+    simulated = sum(tpots) / len(tpots)
+    assert abs(model.tpot_s / simulated - 1) < 0.08, (model.tpot_s, simulated)
