@@ -11,6 +11,7 @@ shapes. Recomputing a preempted request is a prefill like any other.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from cost.engines import ENGINES, ServingOverheads, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
@@ -65,7 +66,7 @@ class StepCost:
         self._launches: dict = {}
         self._cache: dict = {}
         self._linear: dict = {}
-        self._logits: dict = {}      # rows bucket -> seconds of the output projection beyond linear()'s one row
+        self._logits: dict = {}      # rows bucket -> seconds of the output projection of that many rows
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
         self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
         self._sampled: dict = {}     # rows -> sampling seconds
@@ -113,13 +114,29 @@ class StepCost:
         speculative step), not only of the last token."""
         if rows <= 1:
             return 0.0
+        head = self._head()
+        if head is None:
+            return 0.0
+        run, op = head
 
-        def extra(b: int) -> float:
+        def rows_of(b: int) -> float:   # the traced one-row head GEMM with b rows: priced, not traced again
             t = self._logits.get(b)
-            if t is None:    # b sequences of one token each: b logit rows; linear(b) has one
-                t = self._logits[b] = max(0.0, self._parts(Request(b, 1, 0))[0] - self.linear(b))
+            if t is None:
+                act = op.bytes_read - op.weight_bytes
+                wide = replace(op, gemm=replace(op.gemm, m=op.gemm.m * b), flops=op.flops * b,
+                               bytes_read=op.weight_bytes + act * b, bytes_written=op.bytes_written * b)
+                t = self._logits[b] = estimate(replace(run, ops=[wide]), self.hw, self.execution, self.par,
+                                               self.engine).wall_s
             return t
-        return _pow2_lerp(extra, rows)
+        return max(0.0, _pow2_lerp(rows_of, rows) - rows_of(1))
+
+    def _head(self):
+        """(a one-token trace, its output-projection op), or None for a model without one."""
+        if not hasattr(self, "_head_op"):
+            run = trace(self.spec, Request(1, 1, 0), self.options)
+            op = next((o for o in run.ops if o.weight_role == "lm_head" and o.gemm is not None), None)
+            self._head_op = (run, op) if op is not None else None
+        return self._head_op
 
     def _per_token_prefill(self, tokens_bucket: int, context_bucket: int, seqs_bucket: int = 1) -> float:
         key = (tokens_bucket, context_bucket, seqs_bucket)
