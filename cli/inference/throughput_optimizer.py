@@ -26,7 +26,7 @@ from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
                             Searcher, Workload, layout_error)
 from serving.steady_state import Load
-from serving.verify import simulate_candidate
+from serving.verify import simulate_candidate, simulate_disagg_candidate
 from serving.workload import ARRIVALS
 from tracer.model_source import bundled_models
 from tracer.table import format_table
@@ -37,6 +37,7 @@ from ..common import (ArgumentParser, add_device_arguments, add_model_arguments,
                       positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
+from .optimizer_table import render
 from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
 from .pareto import ParetoPoint, by_hit_rate, frontier, plot
 from .shapes import ServingShapes, load_hit_rate_distribution
@@ -103,7 +104,10 @@ def optimize(args, on_progress=None) -> dict:
     shapes = ServingShapes(input_length, output_length, rate, budget, args.prefix_cache_block_size)
     workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens,
                         args.shared_prefix_kv, lengths)
-    limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat)
+    limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat, args.headroom)
+    if args.objective == "goodput" and not limits.any:
+        raise InputError("--objective goodput counts requests within the limits: give --ttft-limit and/or "
+                         "--tpot-limit")
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
                               release=args.engine_release)
     searcher = Searcher(spec, hw, options, workload, settings, limits)
@@ -141,7 +145,8 @@ def optimize(args, on_progress=None) -> dict:
             on_progress(i, len(steps), f"{mode} {lay.label}")
         if mode == MIXED:
             best = load.kind == MAX and not load.requests
-            candidates.append(searcher.best_rate(lay) if best else searcher.mixed(lay, load))
+            search = searcher.best_goodput if args.objective == "goodput" else searcher.best_rate
+            candidates.append(search(lay) if best else searcher.mixed(lay, load))
         else:
             replica = lay.gpus_per_replica
             for decode_tp in sorted({lay.tp} | {t.tp for t in plan if t.pp == 1 and not t.attention_dp}):
@@ -158,14 +163,16 @@ def optimize(args, on_progress=None) -> dict:
                     candidates.append(c)
     if on_progress:
         on_progress(len(steps), len(steps), "done")
-    ranked = sorted(candidates, key=lambda c: (not c.meets_limits, -c.output_tokens_per_s))
-    feasible = [c for c in ranked if c.meets_limits]
+    ranked = rank(candidates, args.objective)
     if args.verify:
         # a layout that sustains no load within the limits has no steady state to simulate
-        for c in [c for c in ranked if c.mode == MIXED and c.request_rate > 1e-6][:args.verify]:
+        for c in [c for c in ranked if c.request_rate > 1e-6][:args.verify]:
             if on_progress:
-                on_progress(len(steps), len(steps), f"simulating {c.layout.label}")
-            c.verified = simulate_candidate(searcher, c, load)
+                on_progress(len(steps), len(steps), f"simulating {c.mode} {c.layout.label}")
+            overrule(c, simulate_candidate(searcher, c, load) if c.mode == MIXED else
+                     simulate_disagg_candidate(searcher, c, load))
+        ranked = rank(candidates, args.objective)
+    feasible = [c for c in ranked if (c.goodput > 0 if args.objective == "goodput" else c.meets_limits)]
     points = pareto_points(searcher, candidates, load, shapes, settings, limits, spec, hw, options)
     result = {
         "model": spec.name, "device": hw.name, "num_devices": num_devices,
@@ -182,7 +189,7 @@ def optimize(args, on_progress=None) -> dict:
         # RFC 4.3: requests one prefill wave holds under the token budget (not a batch size anyone configured)
         "prefill_batch_size": shapes.prefill_batch_size,
         "hit_rate_distribution": [{"rate": r, "weight": w} for r, w in mix] if mix else None,
-        "limits": {"ttft_ms": args.ttft_limit, "tpot_ms": args.tpot_limit, "ttft_stat": args.limit_stat},
+        "limits": limits.as_json(), "objective": args.objective,
         "best": _candidate_json(feasible[0], shapes) if feasible else {},
         "candidates": [_candidate_json(c, shapes) for c in ranked[:args.top]],
         "evaluated": len(candidates), "refused_layouts": refused, "warnings": list(report.warnings),
@@ -199,6 +206,22 @@ def optimize(args, on_progress=None) -> dict:
         result["why_no_feasible_layout"] = (f"every layout fails on: {', '.join(reasons)}" if reasons
                                             else "no layout evaluated")
     return result
+
+
+def overrule(c: Candidate, verified: dict) -> None:
+    """Attach the simulation of a candidate; one that breaks a limit in the simulation does not meet the limits,
+    whatever the steady-state model said."""
+    c.verified = verified
+    if c.meets_limits and not verified["meets_limits"]:
+        c.meets_limits = False
+        c.why_not.append("simulated " + "; ".join(verified["why_not"]))
+
+
+def rank(candidates: list[Candidate], objective: str) -> list[Candidate]:
+    """Best first: by goodput, or by output tokens/s among those within the limits."""
+    if objective == "goodput":
+        return sorted(candidates, key=lambda c: (-c.goodput, -c.output_tokens_per_s))
+    return sorted(candidates, key=lambda c: (not c.meets_limits, -c.output_tokens_per_s))
 
 
 def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, shapes: ServingShapes, settings,
@@ -256,71 +279,6 @@ def _candidate_json(c: Candidate, shapes: ServingShapes) -> dict:
     return out
 
 
-def _layout_text(c: dict) -> str:
-    def one(d: dict) -> str:
-        s = f"TP{d['tp_size']}"
-        if d["pp_size"] > 1:
-            s += f" PP{d['pp_size']}"
-        if d["ep_size"] > 1:
-            s += f" EP{d['ep_size']}"
-        return s
-    if c["mode"] == DISAGG:
-        return f"P{c['prefill']['instances']}x({one(c['prefill'])}) D{c['decode']['instances']}x({one(c['decode'])})"
-    return one(c) + (f" ADP{c['dp_size']}" if c["attention_dp"] else f" DP{c['dp_size']}")
-
-
-def render(r: dict) -> str:
-    load = r["load"]
-    load_text = (f"{load['requests']} requests at once" if load["kind"] == MAX and load.get("requests") else
-                 "max throughput within the limits" if load["kind"] == MAX else
-                 f"{load['value']:g} requests/s ({load['arrival']})" if load["kind"] == RATE else
-                 f"{load['value']:g} concurrent users")
-    head = (f"{r['model']} on {r['num_devices']} x {r['device']} ({r['engine'] or r['execution']}), {load_text}: "
-            f"input {r['input_length']} (cached prefix {r['cached_prefix_tokens']}, effective "
-            f"{r['effective_input_length']}), output {r['output_length']}, prefill budget {r['max_prefill_tokens']}")
-    stat = r["limits"]["ttft_stat"]
-    verified = any("verified" in c for c in r["candidates"])
-    rows = []
-    for c in r["candidates"]:
-        tpot = (c.get("tpot_stats_ms") or {}).get(stat, c["tpot_ms"])
-        row = [c["mode"], _layout_text(c), f"{c['batch_size']:.0f}", f"{c['request_rate']:.2f}",
-               f"{c['ttft_ms'][stat]:.1f}", f"{tpot:.2f}", f"{c['output_tokens_per_s']:,.0f}",
-               f"{c['output_tokens_per_s_per_gpu']:,.0f}", f"{c['tokens_per_s_per_user']:.1f}"]
-        if verified:
-            v = c.get("verified")
-            ttft = v["ttft_ms"][stat] if v else None     # None: no request finished in the simulation
-            sim_tpot = (v.get("tpot_q_ms") or {}).get(stat, v["tpot_ms"]) if v else None
-            row += [f"{ttft:.1f}" if ttft is not None else "-", f"{sim_tpot:.2f}" if ttft is not None else "-",
-                    f"{v['output_tokens_per_s']:,.0f}" if ttft is not None else "-"]
-        row.append("yes" if c["meets_limits"] else "; ".join(c["why_not"]))
-        rows.append(row)
-    header = ["mode", "layout", "batch", "req/s", f"TTFT {stat} ms", f"TPOT {stat} ms", "tokens/s", "tokens/s/GPU",
-              "tokens/s/user"]
-    if verified:
-        header += ["sim TTFT", "sim TPOT", "sim tokens/s"]
-    table = format_table(header + ["meets limits"], rows)
-    head += f"\n{r['lengths']}"
-    if r["best"]:
-        b = r["best"]
-        tail = (f"best: {b['mode']} {_layout_text(b)}: {b['output_tokens_per_s']:,.0f} output tokens/s "
-                f"({b['output_tokens_per_s_per_gpu']:,.0f} per GPU) at {b['request_rate']:.2f} requests/s, "
-                f"TTFT {stat} {b['ttft_ms'][stat]:.1f} ms, TPOT {stat} "
-                f"{(b.get('tpot_stats_ms') or {}).get(stat, b['tpot_ms']):.2f} ms, "
-                f"{b['batch_size']:.0f} running")
-        pct = b.get("tpot_stats_ms") or {}
-        if pct:
-            tail += ("\n      TTFT p50 / p90 / p99 " + " / ".join(f"{b['ttft_ms'][k]:.1f}" for k in ("p50", "p90", "p99"))
-                     + " ms, TPOT p50 / p90 / p99 " + " / ".join(f"{pct[k]:.2f}" for k in ("p50", "p90", "p99"))
-                     + " ms" + (f", {b['queue_ms']:.1f} ms mean wait for a slot" if b.get("queue_ms", 0) >= 0.05
-                                else ""))
-    else:
-        tail = f"no feasible layout: {r['why_no_feasible_layout']}"
-    notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
-                    "priced" in n})
-    refused = [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
-    return "\n".join([head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
-
-
 def body(args) -> int:
     with Progress(None, "layouts") as bar:
         def on_progress(done: int, total: int, label: str) -> None:
@@ -330,7 +288,7 @@ def body(args) -> int:
     if args.json:
         print(dumps_strict(result, indent=1))
     else:
-        print(render(result))
+        print(render(result, args.wide))
         if "launch_command" in result:
             print(f"\n{result['launch_command']}", end="")
     return 0
@@ -347,6 +305,16 @@ def _positive_float(text: str) -> float:
         raise ValueError(f"must be a number, got '{text}'") from None
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _headroom(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"must be a number, got '{text}'") from None
+    if not (0 <= value < 1):
+        raise ValueError(f"must be in [0, 1), got {text}")
     return value
 
 
@@ -405,6 +373,12 @@ def main(argv=None) -> int:
                    help="time-per-output-token limit in ms")
     p.add_argument("--limit-stat", default="mean", choices=STATS,
                    help="the TTFT and TPOT statistic the limits apply to, over requests (default mean)")
+    p.add_argument("--headroom", type=typed(_headroom), default=0.0, metavar="F",
+                   help="keep this share below each limit (0.1: aim at 90%% of it; default 0)")
+    p.add_argument("--objective", default="throughput", choices=["throughput", "goodput"],
+                   help="rank by output tokens/s within the limits (default), or by goodput: requests/s that "
+                        "finish within every limit, as vllm bench serve --goodput counts them")
+    p.add_argument("--wide", action="store_true", help="every column, and the full reasons a candidate fails")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
                    help="tokens per engine step (the chunked-prefill budget; default: the engine's)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None,
