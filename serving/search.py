@@ -82,6 +82,7 @@ class Candidate:
     tpot_stats_ms: dict = field(default_factory=dict)   # a request's TPOT: mean, p50, p90, p99
     queue_ms: float = 0.0              # mean wait for a slot in the running batch
     goodput: float = 0.0               # requests/s within every limit (serving/slo.py)
+    overload: bool = False             # the load is beyond what it serves (serving/overload.py)
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -101,7 +102,7 @@ class Candidate:
                "kv_tokens_per_replica": self.kv_tokens, "limited_by": self.limited_by,
                "meets_limits": self.meets_limits, "why_not": self.why_not, "notes": self.notes,
                "tpot_stats_ms": self.tpot_stats_ms, "queue_ms": self.queue_ms,
-               "goodput_requests_per_s": self.goodput}
+               "goodput_requests_per_s": self.goodput, "overload": self.overload}
         if self.memory is not None:
             m = self.memory
             out["memory_gb_per_gpu"] = {"weights": m.weights / 1e9, "activations": m.activations / 1e9,

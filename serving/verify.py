@@ -10,6 +10,7 @@ from dataclasses import replace
 from tracer.trace import trace
 from tracer.work import Request
 
+from . import overload
 from .arrivals import ClosedLoopArrivals
 from .disagg_sim import DisaggConfig, simulate_disagg
 from .layouts import Layout
@@ -77,7 +78,11 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
            "tpot_ms": latency_ms(tpots)["mean"] if tpots else 0.0,
            "tpot_q_ms": latency_ms(tpots) if tpots else {},
            "output_tokens_per_s": summary["output_tokens_per_s"], "hit_rate": summary["hit_rate"],
-           "preemptions": summary["preemptions"]["count"]}
+           "preemptions": summary["preemptions"]["count"],
+           "overload": [] if burst else overload.simulated(
+               result.records, reqs, int(load.value) if load.kind == CONCURRENCY else None,
+               limits.max_num_seqs * engines if load.kind == CONCURRENCY else None,
+               f" (simulated {candidate.mode} {layout.label})")}
     return {**out, **judged(out, middle, searcher.limits)}
 
 
@@ -114,14 +119,25 @@ def simulate_disagg_candidate(searcher: Searcher, candidate: Candidate, load: Lo
            "output_tokens_per_s": result.output_tokens_per_s,
            "transfer_wait_ms": latency_ms([r.transfer_wait_s for r in middle]),
            "decode_wait_ms": latency_ms([r.decode_admit_s - r.first_token_s for r in middle]),
-           "rejected": len(result.rejected_ids)}
+           "rejected": len(result.rejected_ids),
+           "overload": overload.simulated([_Admitted(r) for r in result.records], reqs,
+                                          where=f" (simulated disagg {candidate.layout.label})")}
     return {**out, **judged(out, middle, searcher.limits)}
+
+
+class _Admitted:
+    """A disaggregated request as the overload checks read it: admitted when its prefill instance took it."""
+    __slots__ = ("arrival_s", "admit_s", "finish_s")
+
+    def __init__(self, r):
+        # the wait before the first token beyond the prefill itself: the prefill queue and the link's
+        self.arrival_s, self.admit_s, self.finish_s = r.arrival_s, r.first_token_s, r.finish_s
 
 
 def judged(sim: dict, records: list, limits: LatencyLimits) -> dict:
     """The simulation against the limits: whether it meets them at their statistic, and its goodput (the share
     of `records` within every limit, times the requests/s it served)."""
-    why = limits.why_not(sim["ttft_ms"], sim["tpot_ms"], sim["tpot_q_ms"] or None)
+    why = limits.why_not(sim["ttft_ms"], sim["tpot_ms"], sim["tpot_q_ms"] or None) + sim.get("overload", [])
     if sim["ttft_ms"]["mean"] is None:
         why = ["no request finished in the simulation"]
     mean_output = sum(r.output_tokens for r in records) / len(records) if records else 0

@@ -146,5 +146,5 @@ def render(r: dict, wide: bool = False) -> str:
     notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
                     "priced" in n})
     notes += [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
-    parts += [f"warning: {w}" for w in r.get("overload_warnings", [])]
+    parts += [f"warning: {w}" for w in r["warnings"] if w.startswith("overload")]
     return "\n".join(parts + [f"note: {n}" for n in notes])

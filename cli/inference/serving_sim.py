@@ -24,6 +24,7 @@ from serving.capacity import replica_memory
 from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
+from serving import overload
 from serving.simulator import ServerConfig, StepCost, simulate
 from serving.lengths import bundled_sets, read_lengths
 from serving.traces import MAX_ARRIVAL_S, load_jsonl, load_mooncake
@@ -164,7 +165,11 @@ def _simulate_one(label: str) -> tuple[str, dict]:
     arrivals = ClosedLoopArrivals(requests, users) if users else None
     with Progress(len(requests), f"simulating {label}", unit="req", position=list(runs).index(label)) as bar:
         result = simulate(requests, cost, cfg, arrivals, on_progress=bar.set)
-    return label, result.summary(cfg, window_s)
+    summary = result.summary(cfg, window_s)
+    where = f" ({label})" if len(runs) > 1 else ""
+    summary["overload"] = overload.simulated(result.records, requests, users,
+                                             cfg.max_running * cfg.instances if users else None, where)
+    return label, summary
 
 
 def run(args) -> dict:
@@ -196,7 +201,8 @@ def run(args) -> dict:
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
-           "load": _load_label(args), "runs": {k: results[k] for k in runs}, "warnings": list(report.warnings),
+           "load": _load_label(args), "runs": {k: results[k] for k in runs},
+           "warnings": list(report.warnings) + [m for k in runs for m in results[k]["overload"]],
            "lengths": args.lengths.describe() if args.lengths else None,
            "length_distribution": args.lengths.as_json() if args.lengths else None}
     if args.sweep_gpu_cache_gb:
@@ -264,6 +270,7 @@ ROWS = [  # (label, formatter of one run's summary)
     ("GPU->CPU store ms (link busy)", lambda r: f"{r['cpu_tier']['store_ms']:.1f} "
                                                 f"({r['cpu_tier']['store_link_busy'] * 100:.1f}%)"),
     ("completed / rejected", lambda r: f"{r['completed_requests']} / {r['rejected_requests']}"),
+    ("overloaded (see warnings)", lambda r: "YES" if r["overload"] else "no"),
 ]
 
 
@@ -285,6 +292,8 @@ def render(out: dict) -> str:
             [[f"{s['gpu_cache_gb']:g}", f"{s['hit_rate'] * 100:.1f}%", _f(s["ttft_ms_p50"]),
               f"{s['evicted_blocks']:,}", f"{s['preemptions']:,}"] for s in out["sweep"]],
             title="hit rate vs GPU cache capacity")
+    for message in sorted({m for r in runs.values() for m in r["overload"]}):
+        text += f"\nwarning: {message}"
     if out.get("step_overheads"):
         text += f"\nnote: step overheads: {out['step_overheads']}"
     return text

@@ -25,6 +25,7 @@ from serving.layouts import LayoutSpace, layouts
 from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
                             Searcher, Workload, layout_error)
+from serving import overload
 from serving.steady_state import Load
 from serving.verify import simulate_candidate, simulate_disagg_candidate
 from serving.workload import ARRIVALS
@@ -156,13 +157,10 @@ def optimize(args, on_progress=None) -> dict:
                 c = searcher.disagg(type(lay)(lay.tp, 1, 1, lay.ep, False, lay.ep_style), decode, num_devices,
                                     load.value if load.kind == RATE else None)
                 if c is not None:
-                    if load.kind == RATE and c.request_rate < load.value:
-                        c.meets_limits = False
-                        c.why_not.append(f"offered {load.value:g} requests/s exceeds the pools' "
-                                         f"{c.request_rate:.3g}")
                     candidates.append(c)
     if on_progress:
         on_progress(len(steps), len(steps), "done")
+    overloads = [m for c in candidates for m in flag_overload(c, load)]
     ranked = rank(candidates, args.objective)
     if args.verify:
         # a layout that sustains no load within the limits has no steady state to simulate
@@ -192,7 +190,9 @@ def optimize(args, on_progress=None) -> dict:
         "limits": limits.as_json(), "objective": args.objective,
         "best": _candidate_json(feasible[0], shapes) if feasible else {},
         "candidates": [_candidate_json(c, shapes) for c in ranked[:args.top]],
-        "evaluated": len(candidates), "refused_layouts": refused, "warnings": list(report.warnings),
+        "evaluated": len(candidates), "refused_layouts": refused,
+        "warnings": list(report.warnings) + overloads + [m for c in ranked if c.verified
+                                                         for m in c.verified.get("overload", [])],
         "pareto": {("none" if rate is None else f"{rate:g}"): [p.as_json() for p in frontier(group)]
                    for rate, group in by_hit_rate(points).items()},
     }
@@ -206,6 +206,25 @@ def optimize(args, on_progress=None) -> dict:
         result["why_no_feasible_layout"] = (f"every layout fails on: {', '.join(reasons)}" if reasons
                                             else "no layout evaluated")
     return result
+
+
+def flag_overload(c: Candidate, load: Load) -> list[str]:
+    """A load the candidate cannot serve fails it, whatever the limits: an open-loop rate beyond what it serves,
+    more users than it runs at once. Returns the warnings, naming the layout."""
+    where = f" ({c.mode} {c.layout.label})"
+    if load.kind == CONCURRENCY:
+        slots = c.max_num_seqs * (c.decode_instances if c.mode == DISAGG else c.layout.dp)
+        message = overload.users_beyond_slots(int(load.value), slots, where)
+    elif load.kind == RATE:
+        message = overload.rate_beyond_served(load.value, c.request_rate, where)
+    else:
+        message = None
+    if message is None:
+        return []
+    c.meets_limits = False
+    c.why_not = [w for w in c.why_not if not w.startswith("offered ")] + [message]
+    c.overload = True
+    return [message]
 
 
 def overrule(c: Candidate, verified: dict) -> None:
