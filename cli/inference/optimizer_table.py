@@ -82,25 +82,33 @@ def candidates_table(r: dict, wide: bool = False) -> str:
     limited = r["limits"]["ttft_ms"] is not None or r["limits"]["tpot_ms"] is not None
     rows = []
     for c in r["candidates"]:
+        usd = c.get("dollars")
+        per_gpu = f"{c['output_tokens_per_s_per_gpu']:,.0f}"
         row = [layout_text(c), f"{c['batch_size']:.0f}", f"{c['request_rate']:.2f}", spread(c["ttft_ms"], stat),
                spread(_tpot_stats(c), stat), f"{c['output_tokens_per_s']:,.0f}",
-               f"{c['output_tokens_per_s_per_gpu']:,.0f}"]
+               dollars(usd, "usd_per_million_output_tokens") if usd else per_gpu]
         if limited:
             row.append(f"{c['goodput_requests_per_s']:.2f}")
         if wide:
             row = [c["mode"]] + row + [f"{c['total_tokens_per_s']:,.0f}", f"{c['tokens_per_s_per_user']:.1f}",
                                        c["limited_by"]]
+            if usd:
+                row[8:8] = [per_gpu, f"{usd['usd_per_hour']:,.2f}", dollars(usd, "usd_per_million_total_tokens")]
         row.append("yes" if c["meets_limits"] else "; ".join(c["why_not"]) if wide else short_reasons(c["why_not"]))
         rows.append(row)
     what = "mean|p50/p90/p99" if stat == "mean" else "p50/p90/p99"
-    header = ["layout", "batch/replica", "req/s", "TTFT ms", "TPOT ms", "tok/s", "tok/s/GPU"]
+    priced = any(c.get("dollars") for c in r["candidates"])
+    header = ["layout", "batch/replica", "req/s", "TTFT ms", "TPOT ms", "tok/s", "$/M out" if priced else "tok/s/GPU"]
     if limited:
         header.append("goodput/s")
     if wide:
         header = ["mode"] + header + ["total tok/s", "tok/s/user", "limited by"]
+        if priced:
+            header[8:8] = ["tok/s/GPU", "$/hour", "$/M total"]
     header.append("meets limits")
-    legend = (f"TTFT and TPOT over requests: {what}, ms; batch: requests running per replica; tok/s: output "
-              f"tokens/s" + ("\ngoodput: requests/s that finish within every limit" if limited else ""))
+    legend = "; ".join([f"TTFT and TPOT over requests: {what}, ms", "batch: requests running per replica"]) + \
+        "\n" + "; ".join(["tok/s: output tokens/s"] + (["$/M out: dollars per million output tokens"] if priced else [])
+                         + (["goodput: requests/s within every limit"] if limited else []))
     return legend + "\n" + format_table(header, rows)
 
 
@@ -134,7 +142,16 @@ def best_text(r: dict) -> str:
         text += (f"; TTFT p50/p90/p99 {spread(b['ttft_ms'], 'p50')} ms, TPOT p50/p90/p99 {spread(tpot, 'p50')} ms")
     if b.get("queue_ms", 0) >= 0.05:
         text += f", {b['queue_ms']:.1f} ms mean wait for a slot"
+    usd = b.get("dollars")
+    if usd:
+        text += (f"\n      ${usd['usd_per_hour']:,.2f}/hour: {dollars(usd, 'usd_per_million_output_tokens')} per million "
+                 f"output tokens, {dollars(usd, 'usd_per_million_total_tokens')} per million total")
     return text
+
+
+def dollars(usd: dict, key: str) -> str:
+    v = usd.get(key)
+    return "-" if v is None else f"${v:,.3f}" if v < 1 else f"${v:,.2f}"
 
 
 def render(r: dict, wide: bool = False) -> str:
@@ -145,6 +162,6 @@ def render(r: dict, wide: bool = False) -> str:
     parts += ["", best_text(r)]
     notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
                     "priced" in n})
-    notes += [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
+    notes += [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()] + [r["price_note"]]
     parts += [f"warning: {w}" for w in r["warnings"] if w.startswith("overload")]
     return "\n".join(parts + [f"note: {n}" for n in notes])

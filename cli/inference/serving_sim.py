@@ -25,6 +25,7 @@ from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
 from serving import overload
+from serving.dollars import NO_PRICE, gpu_price
 from serving.simulator import ServerConfig, StepCost, simulate
 from serving.lengths import bundled_sets, read_lengths
 from serving.traces import MAX_ARRIVAL_S, load_jsonl, load_mooncake
@@ -188,6 +189,7 @@ def run(args) -> dict:
     for r in requests:   # identities once, shared by every run (and by forked workers)
         r.hash_blocks(config.block_size)
     _SHARED["job"] = (requests, cost, runs, args.hit_window_s, args.concurrency)
+    price = gpu_price(hw, args.gpu_hour_price)
     workers = min(len(runs), os.cpu_count() or 1, args.jobs)
     if workers > 1:
         context = get_context("fork")
@@ -197,7 +199,11 @@ def run(args) -> dict:
         cost.shared = None
     else:
         results = dict(map(_simulate_one, runs))
+    for label, summary in results.items():
+        summary["dollars"] = price.of(runs[label].gpus, summary["output_tokens_per_s"],
+                                      summary["total_tokens_per_s"]) if price else None
     out = {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
+           "price_note": price.note if price else NO_PRICE,
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
@@ -271,6 +277,10 @@ ROWS = [  # (label, formatter of one run's summary)
                                                 f"({r['cpu_tier']['store_link_busy'] * 100:.1f}%)"),
     ("completed / rejected", lambda r: f"{r['completed_requests']} / {r['rejected_requests']}"),
     ("overloaded (see warnings)", lambda r: "YES" if r["overload"] else "no"),
+    ("$/hour; $/M output / total tokens", lambda r: "-" if not r.get("dollars") else
+        f"{r['dollars']['usd_per_hour']:,.2f}; " + " / ".join(
+            "-" if r["dollars"][k] is None else f"{r['dollars'][k]:,.3f}"
+            for k in ("usd_per_million_output_tokens", "usd_per_million_total_tokens"))),
 ]
 
 
@@ -296,7 +306,7 @@ def render(out: dict) -> str:
         text += f"\nwarning: {message}"
     if out.get("step_overheads"):
         text += f"\nnote: step overheads: {out['step_overheads']}"
-    return text
+    return text + f"\nnote: {out['price_note']}"
 
 
 def write_plot(out: dict, path: str) -> None:
@@ -413,6 +423,9 @@ def main(argv=None) -> int:
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw hit rate and TTFT over time (with a sweep: hit rate vs GPU cache size)")
     p.add_argument("--jobs", type=bounded_int(64), default=2, help="runs simulated in parallel processes (default 2)")
+    p.add_argument("--gpu-hour-price", type=finite_float(0, low_open=True), default=None, metavar="USD",
+                   help="rent per GPU-hour for $/hour and $ per million tokens (default: the device profile's "
+                        "price, where it states one)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     sizes = p.add_argument_group("preset sizes", f"token counts of the presets' segments (the whole workload at "
                                                  f"most {MAX_SIM_TOKENS.default:,} tokens, raised with "

@@ -26,6 +26,7 @@ from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
                             Searcher, Workload, layout_error)
 from serving import overload
+from serving.dollars import NO_PRICE, GpuPrice, gpu_price
 from serving.steady_state import Load
 from serving.verify import simulate_candidate, simulate_disagg_candidate
 from serving.workload import ARRIVALS
@@ -171,6 +172,7 @@ def optimize(args, on_progress=None) -> dict:
                      simulate_disagg_candidate(searcher, c, load))
         ranked = rank(candidates, args.objective)
     feasible = [c for c in ranked if (c.goodput > 0 if args.objective == "goodput" else c.meets_limits)]
+    price = gpu_price(hw, args.gpu_hour_price)
     points = pareto_points(searcher, candidates, load, shapes, settings, limits, spec, hw, options)
     result = {
         "model": spec.name, "device": hw.name, "num_devices": num_devices,
@@ -188,8 +190,10 @@ def optimize(args, on_progress=None) -> dict:
         "prefill_batch_size": shapes.prefill_batch_size,
         "hit_rate_distribution": [{"rate": r, "weight": w} for r, w in mix] if mix else None,
         "limits": limits.as_json(), "objective": args.objective,
-        "best": _candidate_json(feasible[0], shapes) if feasible else {},
-        "candidates": [_candidate_json(c, shapes) for c in ranked[:args.top]],
+        "best": _candidate_json(feasible[0], shapes, price) if feasible else {},
+        "candidates": [_candidate_json(c, shapes, price) for c in ranked[:args.top]],
+        "price": {"usd_per_gpu_hour": price.usd_per_gpu_hour, "origin": price.origin} if price else None,
+        "price_note": price.note if price else NO_PRICE,
         "evaluated": len(candidates), "refused_layouts": refused,
         "warnings": list(report.warnings) + overloads + [m for c in ranked if c.verified
                                                          for m in c.verified.get("overload", [])],
@@ -198,7 +202,8 @@ def optimize(args, on_progress=None) -> dict:
     }
     if args.plot:
         plot(points, args.plot, args.ttft_limit, args.tpot_limit,
-             f"{spec.name} on {num_devices} x {hw.name}, input {shapes.input_length}, output {shapes.output_length}")
+             f"{spec.name} on {num_devices} x {hw.name}, input {shapes.input_length}, output {shapes.output_length}",
+             price.usd_per_gpu_hour if price else None)
     if args.emit and feasible:
         result["launch_command"] = launch_command(serving_layout(args, feasible[0], experts, hw), args.emit)
     if not feasible:
@@ -248,7 +253,9 @@ def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, s
     """Every candidate, plus (when searching for the best rate) each mixed layout at lower loads, where users
     get faster tokens for less throughput per GPU; with a hit rate, the same layouts without prefix hits."""
     def point(c: Candidate, rate: float | None) -> ParetoPoint:
-        return ParetoPoint(f"{c.mode} {c.layout.label}", c.mode, c.tokens_per_s_per_gpu, c.ttft_ms[limits.stat],
+        label = (f"disagg P{c.prefill_instances}xTP{c.prefill.tp} D{c.decode_instances}xTP{c.layout.tp}"
+                 if c.mode == DISAGG else f"{c.mode} {c.layout.label}")
+        return ParetoPoint(label, c.mode, c.tokens_per_s_per_gpu, c.ttft_ms[limits.stat],
                            c.tpot_ms, c.meets_limits, rate)
     rate = shapes.prefix_cache_hit_rate if shapes.prefix_cache_hit_rate > 0 else None
     points = [point(c, rate) for c in candidates if c.tpot_ms > 0]
@@ -290,8 +297,9 @@ def serving_layout(args, c: Candidate, experts: int, hw) -> ServingLayout:
                          weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None)
 
 
-def _candidate_json(c: Candidate, shapes: ServingShapes) -> dict:
+def _candidate_json(c: Candidate, shapes: ServingShapes, price: GpuPrice | None = None) -> dict:
     out = c.as_json()
+    out["dollars"] = price.of(c.gpus, c.output_tokens_per_s, c.total_tokens_per_s) if price else None
     out["prefill_batch_size"] = shapes.prefill_batch_size
     # how many requests the first prefill step actually takes: the wave capacity, or fewer when fewer run
     out["first_wave_requests"] = max(1, min(shapes.prefill_batch_size, math.ceil(c.running) or 1))
@@ -397,6 +405,9 @@ def main(argv=None) -> int:
     p.add_argument("--objective", default="throughput", choices=["throughput", "goodput"],
                    help="rank by output tokens/s within the limits (default), or by goodput: requests/s that "
                         "finish within every limit, as vllm bench serve --goodput counts them")
+    p.add_argument("--gpu-hour-price", type=typed(_positive_float), default=None, metavar="USD",
+                   help="rent per GPU-hour for $/hour and $ per million tokens (default: the device profile's "
+                        "price, where it states one)")
     p.add_argument("--wide", action="store_true", help="every column, and the full reasons a candidate fails")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
                    help="tokens per engine step (the chunked-prefill budget; default: the engine's)")
