@@ -104,7 +104,8 @@ def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: in
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     t = trace(spec, info.to_request(), options or TraceOptions())
     est = estimate(t, hw, execution, Parallelism(tp, ep, ep_style), engine)
-    memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_capacity_gb,
+    # one unit throughout, GB of 10^9 bytes: a datasheet's "80 GB" is 80 GiB (cost/profile.py memory_bytes)
+    memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_bytes / 1e9,
                              sequences=info.num_queries)
     return Result(spec.name, hw, config, info, t, est, memory)
 
@@ -125,21 +126,26 @@ def render(r: Result) -> str:
                if r.trace.image_tokens else []),
              "",
              f"{label}: {e.latency_s * 1e3:.3f} ms of kernels    throughput: {r.throughput:,.0f} tokens/s",
-             f"host launches: {e.host_s * 1e3:.3f} ms"
-             + ("  (HOST-BOUND: the step takes {:.3f} ms of wall time)".format(e.wall_s * 1e3)
-                if e.host_s > e.latency_s else ""),
+             *([f"host launches: {e.host_s * 1e3:.3f} ms"
+                + ("  (HOST-BOUND: the step takes {:.3f} ms of wall time)".format(e.wall_s * 1e3)
+                   if e.host_s > e.latency_s else "")] if e.host_s > 0 else []),   # an engine's graphs: none
              ""]
+    shown = lambda seconds: round(seconds * 1e3, 3) != 0   # noqa: E731 -- a zero row says nothing
     rows = [[c, f"{e.breakdown_s[c] * 1e3:.3f}", f"{e.breakdown_s[c] / e.latency_s * 100:.1f}%"]
-            for c in BREAKDOWN_CLASSES]
+            for c in BREAKDOWN_CLASSES if shown(e.breakdown_s[c])]
     lines.append(format_table(["class", "ms", "share"], rows))
     lines.append("")
-    lines.append(format_table(["bound", "ms"], [[b, f"{e.bound_s[b] * 1e3:.3f}"] for b in (COMPUTE, MEMORY, OVERHEAD)]))
+    lines.append(format_table(["bound", "ms"], [[b, f"{e.bound_s[b] * 1e3:.3f}"] for b in (COMPUTE, MEMORY, OVERHEAD)
+                                                if shown(e.bound_s[b])]))
     lines.append("")
     lines.append(format_table(["top ops", "class", "ms", "launches", "bound"],
                               [[n, c, f"{s * 1e3:.3f}", k, b] for n, c, s, k, b in e.top(8)]))
     lines.append("")
     g = m.as_gb()
-    lines.append(format_table(["memory per device", "GB"], [[k, f"{v:.2f}"] for k, v in g.items()]))
+    lines.append(format_table(["memory per device", "GB"], [[k, f"{v:.2f}"] for k, v in g.items()
+                                                             if v or k in ("weights", "total", "capacity")],
+                              title="memory in GB of 10^9 bytes (the datasheet's capacity is GiB: "
+                                    f"{r.hw.memory_capacity_gb:g} GiB = {g['capacity']:.2f} GB)"))
     if not m.fits:
         lines.append(f"WARNING: needs {g['total']:.1f} GB per device but {r.hw.name} has {g['capacity']:.0f} GB: "
                      f"does not fit (raise --tp-size or lower the batch)")
