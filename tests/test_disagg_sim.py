@@ -61,3 +61,24 @@ def test_decode_slots_queue_requests(cost):
     wait = lambda res: max(r.decode_admit_s - r.first_token_s for r in res.records)  # noqa: E731
     assert wait(few) > 1.0 and wait(many) == pytest.approx(0.0, abs=0.05)
     assert few.makespan_s > many.makespan_s
+
+
+def test_serving_sim_has_a_disaggregated_mode(capsys):
+    import json
+    from cli.inference import serving_sim
+    assert serving_sim.main(["llama-3.2-1b", "--device", "h100", "--workload", "random", "--num-requests", "60",
+                             "--request-rate", "20", "--disagg", "1:2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    d = out["disaggregated"]
+    assert d["prefill_instances"] == 1 and d["decode_instances"] == 2 and d["gpus"] == 3
+    assert d["run"]["completed_requests"] == 60 and d["run"]["ttft_ms"]["p50"] > 0
+    assert d["run"]["dollars"]["usd_per_hour"] == pytest.approx(3 * load_profile("h100").gpu_hour_usd)
+
+
+@pytest.mark.parametrize("extra", [["--disagg", "2"], ["--disagg", "0:1"], ["--disagg", "1:1", "--compare"],
+                                   ["--disagg", "1:1", "--concurrency", "4"]])
+def test_serving_sim_refuses_bad_pools(capsys, extra):
+    from cli.inference import serving_sim
+    with pytest.raises(SystemExit) as e:
+        serving_sim.main(["llama-3.2-1b", "--device", "h100", "--workload", "random", *extra])
+    assert e.value.code == 2 and "--disagg" in capsys.readouterr().err

@@ -25,6 +25,8 @@ from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
 from serving import overload
+from . import disagg_run
+from .config import InputError
 from serving.dollars import NO_PRICE, gpu_price
 from serving.simulator import ServerConfig, StepCost, simulate
 from serving.lengths import bundled_sets, read_lengths
@@ -185,6 +187,14 @@ def run(args) -> dict:
                                   max(r.prompt_tokens + r.output_tokens for r in requests), args.moe_imbalance)
     config = server_config(args, spec, hw, options)
     cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine, release=args.engine_release)
+    if args.disagg:
+        price = gpu_price(hw, args.gpu_hour_price)
+        d = disagg_run.run(args, spec, hw, options, requests, config, cost, price)
+        return {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
+                "num_requests": len(requests), "engine": args.engine, "step_overheads": cost.overhead_origin,
+                "load": _load_label(args), "disaggregated": d, "price_note": price.note if price else NO_PRICE,
+                "warnings": list(report.warnings) + d["run"]["overload"],
+                "lengths": args.lengths.describe() if args.lengths else None}
     runs = _runs(args, config)
     for r in requests:   # identities once, shared by every run (and by forked workers)
         r.hash_blocks(config.block_size)
@@ -285,6 +295,11 @@ ROWS = [  # (label, formatter of one run's summary)
 
 
 def render(out: dict) -> str:
+    if "disaggregated" in out:
+        text = (f"{out['model']} on {out['device']}, {out['engine']}, workload {out['workload']}, "
+                f"{out['num_requests']} requests, {out['load']}\n" + disagg_run.render(out["disaggregated"]))
+        text += "".join(f"\nwarning: {m}" for m in out["disaggregated"]["run"]["overload"])
+        return text + f"\nnote: step overheads: {out['step_overheads']}\nnote: {out['price_note']}"
     runs = out["runs"]
     rows = [[label, *(fmt(r) for r in runs.values())] for label, fmt in ROWS]
     if out["instances"] > 1:
@@ -418,6 +433,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-running", type=positive_int, default=None,
                    help="requests running at once (max_num_seqs; default: the engine's)")
     p.add_argument("--compare", action="store_true", help="no prefix cache vs GPU cache vs GPU + CPU tier")
+    p.add_argument("--disagg", default=None, metavar="P:D",
+                   help="disaggregated serving: P prefill and D decode instances of --tp-size GPUs, each pool with "
+                        "its own queue, KV sent over the interconnect")
     p.add_argument("--hit-window-s", type=finite_float(0.0, MAX_ARRIVAL_S, low_open=True), default=None,
                    help="window of the hit rate over time (default: the run's span / 40)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
@@ -455,6 +473,12 @@ def main(argv=None) -> int:
             p.error(str(e))
         if args.compare:
             p.error("--sweep-gpu-cache-gb and --compare do not combine: sweep one setup at a time")
+    if args.disagg:
+        try:
+            disagg_run.check_flags(args)
+            disagg_run.parse_pools(args.disagg)
+        except InputError as e:
+            p.error(str(e))
     if args.routing != "round-robin" and args.instances == 1:
         warn("--routing has no effect with one instance")
     return run_main(body, args)
