@@ -5,7 +5,8 @@
         [--num-requests R] [--request-rate QPS] [--time-scale X] [--seed S] [--block-size 16]
         [--cache-policy vllm|sglang] [--gpu-cache-gb auto|X] [--sweep-gpu-cache-gb 8,16,32,64]
         [--cpu-cache-gb Y] [--instances N] [--routing round-robin|cache-aware]
-        [--max-prefill-tokens T] [--max-running N] [--compare] [--hit-window-s S] [--plot FILE.png] [--json]
+        [--max-prefill-tokens T] [--max-running N] [--compare] [--disagg P:D] [--gpu-hour-price USD]
+        [--hit-window-s S] [--plot FILE.png] [--json]
 """
 from __future__ import annotations
 
