@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .engine import Engine, Seq
 from .kv_cache import make_cache
@@ -169,7 +169,10 @@ def simulate_disagg(requests: list[SimRequest], prefill_cost: StepCost, decode_c
                     continue
                 target = min(prefill, key=lambda e: (e.load, e.index))
                 instance_of[req.rid] = target.index
-                target.enqueue(Seq(SimRequest(req.rid, req.arrival_s, req.prompt_tokens, 1), []), t_arrival)
+                # the prompt with one output token; its block identities kept, so the prefix cache hits as in a
+                # mixed engine (the first prompt_tokens // block_size hashes are the prompt's)
+                target.enqueue(Seq(replace(req, output_tokens=1),
+                                   req.block_hashes if pcfg.prefix_caching else []), t_arrival)
             else:
                 t, rid = heapq.heappop(transfers)
                 first_token[rid] = t

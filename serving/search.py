@@ -85,6 +85,14 @@ class Candidate:
     overload: bool = False             # the load is beyond what it serves (serving/overload.py)
 
     @property
+    def label(self) -> str:
+        """What to deploy: `mixed TP2 DP4`, or `disagg P3xTP2 D1xTP4` (prefill and decode instances)."""
+        if self.mode == DISAGG:
+            one = lambda lay: f"TP{lay.tp}" + (f" EP{lay.ep}" if lay.ep > 1 else "")  # noqa: E731
+            return f"disagg P{self.prefill_instances}x{one(self.prefill)} D{self.decode_instances}x{one(self.layout)}"
+        return f"{self.mode} {self.layout.label}"
+
+    @property
     def tokens_per_s_per_gpu(self) -> float:
         return self.output_tokens_per_s / max(1, self.gpus)
 

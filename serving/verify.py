@@ -82,7 +82,7 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
            "overload": [] if burst else overload.simulated(
                result.records, reqs, int(load.value) if load.kind == CONCURRENCY else None,
                limits.max_num_seqs * engines if load.kind == CONCURRENCY else None,
-               f" (simulated {candidate.mode} {layout.label})")}
+               f" (simulated {candidate.label})")}
     return {**out, **judged(out, middle, searcher.limits)}
 
 
@@ -121,7 +121,7 @@ def simulate_disagg_candidate(searcher: Searcher, candidate: Candidate, load: Lo
            "decode_wait_ms": latency_ms([r.decode_admit_s - r.first_token_s for r in middle]),
            "rejected": len(result.rejected_ids),
            "overload": overload.simulated([_Admitted(r) for r in result.records], reqs,
-                                          where=f" (simulated disagg {candidate.layout.label})")}
+                                          where=f" (simulated {candidate.label})")}
     return {**out, **judged(out, middle, searcher.limits)}
 
 

@@ -82,3 +82,21 @@ def test_serving_sim_refuses_bad_pools(capsys, extra):
     with pytest.raises(SystemExit) as e:
         serving_sim.main(["llama-3.2-1b", "--device", "h100", "--workload", "random", *extra])
     assert e.value.code == 2 and "--disagg" in capsys.readouterr().err
+
+
+def test_prefill_instances_hit_the_prefix_cache(cost):
+    def shared(n):
+        out = []
+        for i in range(n):
+            r = SimRequest(i, i * 0.2, 2048, 8, segments=[("system", 1536), (f"user-{i}", 512)])
+            r.hash_blocks(16)
+            out.append(r)
+        return out
+    cold = simulate_disagg(shared(20), cost, cost, config())
+    base = config()
+    warm_cfg = DisaggConfig(ServerConfig(gpu_blocks=base.prefill.gpu_blocks, max_prefill_tokens=8192,
+                                         prefix_caching=True), 1, 256, base.decode_kv_tokens, KV_PER_TOKEN,
+                            base.link_bytes_per_s)
+    warm = simulate_disagg(shared(20), cost, cost, warm_cfg)
+    prefill = lambda res: sorted(r.prefill_done_s - r.arrival_s for r in res.records)[10]  # noqa: E731
+    assert prefill(warm) < 0.6 * prefill(cold)     # 512 of 2048 tokens computed once the system prompt is cached

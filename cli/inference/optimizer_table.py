@@ -44,6 +44,7 @@ def short_reasons(why: list[str]) -> str:
     """A why-not list as the names of what failed: 'TTFT p99, memory'."""
     names = []
     for w in why:
+        w = re.sub(r"^simulated ", "sim ", w)
         m = re.match(r"[A-Za-z][\w /-]*?(?=\s+[\d(]|:|$)", w)
         name = (m.group(0) if m else w)[:20].strip()
         if name not in names:

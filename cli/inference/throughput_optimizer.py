@@ -191,7 +191,9 @@ def optimize(args, on_progress=None) -> dict:
         "hit_rate_distribution": [{"rate": r, "weight": w} for r, w in mix] if mix else None,
         "limits": limits.as_json(), "objective": args.objective,
         "best": _candidate_json(feasible[0], shapes, price) if feasible else {},
-        "candidates": [_candidate_json(c, shapes, price) for c in ranked[:args.top]],
+        # the top candidates, and every one simulated (a simulation may have moved it below the top)
+        "candidates": [_candidate_json(c, shapes, price) for c in ranked[:args.top] +
+                       [c for c in ranked[args.top:] if c.verified]],
         "price": {"usd_per_gpu_hour": price.usd_per_gpu_hour, "origin": price.origin} if price else None,
         "price_note": price.note if price else NO_PRICE,
         "evaluated": len(candidates), "refused_layouts": refused,
@@ -216,7 +218,7 @@ def optimize(args, on_progress=None) -> dict:
 def flag_overload(c: Candidate, load: Load) -> list[str]:
     """A load the candidate cannot serve fails it, whatever the limits: an open-loop rate beyond what it serves,
     more users than it runs at once. Returns the warnings, naming the layout."""
-    where = f" ({c.mode} {c.layout.label})"
+    where = f" ({c.label})"
     if load.kind == CONCURRENCY:
         slots = c.max_num_seqs * (c.decode_instances if c.mode == DISAGG else c.layout.dp)
         message = overload.users_beyond_slots(int(load.value), slots, where)
@@ -253,9 +255,7 @@ def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, s
     """Every candidate, plus (when searching for the best rate) each mixed layout at lower loads, where users
     get faster tokens for less throughput per GPU; with a hit rate, the same layouts without prefix hits."""
     def point(c: Candidate, rate: float | None) -> ParetoPoint:
-        label = (f"disagg P{c.prefill_instances}xTP{c.prefill.tp} D{c.decode_instances}xTP{c.layout.tp}"
-                 if c.mode == DISAGG else f"{c.mode} {c.layout.label}")
-        return ParetoPoint(label, c.mode, c.tokens_per_s_per_gpu, c.ttft_ms[limits.stat],
+        return ParetoPoint(c.label, c.mode, c.tokens_per_s_per_gpu, c.ttft_ms[limits.stat],
                            c.tpot_ms, c.meets_limits, rate)
     rate = shapes.prefix_cache_hit_rate if shapes.prefix_cache_hit_rate > 0 else None
     points = [point(c, rate) for c in candidates if c.tpot_ms > 0]
