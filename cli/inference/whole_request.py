@@ -54,7 +54,9 @@ class WholeRequest:
     def as_json(self) -> dict:
         w = self.walk
         ms = lambda stats: {k: v * 1e3 for k, v in stats.items()}  # noqa: E731
-        return {"model": self.model, "device": self.hw.name, "phase": "whole_request", "engine": self.engine,
+        return {"model": self.model, "device": self.hw.name, "phase": "whole_request",
+                "engine": self.engine if self.kv_tokens is not None else None,
+                "execution": "engine" if self.kv_tokens is not None else "eager",
                 "tp_size": self.tp, "ep_size": self.ep, "dtype": self.dtype,
                 "request": {"num_queries": w.batch, "query_length": w.prompt, "output_length": w.output},
                 "scheduler": {"max_batched_tokens": self.max_batched_tokens, "max_num_seqs": self.max_num_seqs,
@@ -98,8 +100,8 @@ def predict(spec: ModelSpec, device: str, batch: int, prompt: int, output: int, 
 def render(r: WholeRequest) -> str:
     w = r.walk
     ttft, tpot = w.stats(w.ttft_s), w.stats(w.tpot_s)
-    lines = [f"{r.model} on {r.hw.name} x{r.tp} (TP={r.tp}{f', EP={r.ep}' if r.ep > 1 else ''}), {r.engine} engine, "
-             f"{r.dtype}",
+    how = f"{r.engine} engine" if r.kv_tokens is not None else "HF eager execution"
+    lines = [f"{r.model} on {r.hw.name} x{r.tp} (TP={r.tp}{f', EP={r.ep}' if r.ep > 1 else ''}), {how}, {r.dtype}",
              f"whole request: {w.batch} x ({w.prompt} prompt -> {w.output} output tokens), one batch as "
              f"`vllm bench latency` runs it",
              ""]
