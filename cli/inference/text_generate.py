@@ -143,7 +143,8 @@ def render(r: Result) -> str:
     lines.append("")
     g = m.as_gb()
     lines.append(format_table(["memory per device", "GB"], [[k, f"{v:.2f}"] for k, v in g.items()
-                                                             if v or k in ("weights", "total", "capacity")],
+                                                             if f"{v:.2f}" != "0.00"
+                                                             or k in ("weights", "total", "capacity")],
                               title="memory in GB of 10^9 bytes (the datasheet's capacity is GiB: "
                                     f"{r.hw.memory_capacity_gb:g} GiB = {g['capacity']:.2f} GB)"))
     if not m.fits:
