@@ -6,7 +6,9 @@
 Each `rocm_vllm_devdocker_latency` row (benchmark_latency.py: one batch of `batch_size` requests, fixed input
 and output lengths, the whole batch's time) is mapped to a tracecost setup by serving/published.py (model,
 MI300X profile, vLLM release, FP8 weights and KV, TP 8, the engine's limits) and walked step by step by
-serving/batch_latency.py, the same walk `text_generate --output-length` prints. The report gives the median,
+serving/batch_latency.py, the same walk `text_generate --output-length` prints. vLLM 0.6 rows are walked as
+V0 runs on ROCm (whole prompts, no chunked prefill: `text_generate --no-chunked-prefill --max-prefill-tokens
+131072 --max-running 256`); later releases with the engine's defaults. The report gives the median,
 p90 and max absolute error of the batch latency per vLLM release and model. MI300X's device scaling was fitted
 on vLLM 0.8.5 rows (hw_profiles/mi300x.json engines.serving_fit), among them its latency rows: the 0.6 rows
 are the ones that fit did not see.
@@ -30,20 +32,35 @@ DEFAULT_DATA = str(Path(__file__).resolve().parents[2] / "shared" / "measurement
 SOURCE = "rocm_vllm_devdocker_latency"
 
 
+# vLLM before 0.8 runs its V0 engine, which on ROCm does not turn chunked prefill on for long-context models
+# (vllm/engine/arg_utils.py EngineArgs.create_engine_config, 0.6-0.7: `... and not current_platform.is_rocm()`),
+# so benchmark_latency's LLM prefills whole prompts, up to max(max_model_len, 2048) tokens a step
+# (vllm/config.py SchedulerConfig.__post_init__), and runs at most 256 sequences (EngineArgs.max_num_seqs)
+V0_RELEASES = ("0.5", "0.6", "0.7")
+LLAMA_31_MAX_MODEL_LEN = 131072     # max_position_embeddings of the Llama-3.1 configs these rows run
+
+
+def scheduler(run, limits, chunked: bool | None) -> tuple[int, int, bool, str]:
+    """(tokens per step, sequences, chunked prefill, which rule) the row's engine scheduled with."""
+    if chunked is None and run.release in V0_RELEASES:
+        return max(LLAMA_31_MAX_MODEL_LEN, 2048), 256, False, "V0 on ROCm: whole prompts"
+    return limits.max_batched_tokens, limits.max_num_seqs, \
+        limits.chunked_prefill if chunked is None else chunked, "the engine's defaults"
+
+
 def predict_rows(data: str, chunked: bool | None) -> list[dict]:
     runs, _ = load_published(data)
     predictor, out = Predictor(), []
     for run in (r for r in runs if r.source_kind == SOURCE and "e2e_latency_ms" in r.measured):
         cost = predictor.cost(run)
-        limits = predictor.limits(run, cost)
-        walk = static_batch(cost, run.load.requests, run.isl, run.osl, limits.max_batched_tokens,
-                            limits.max_num_seqs, limits.chunked_prefill if chunked is None else chunked)
+        tokens, seqs, chunks, rule = scheduler(run, predictor.limits(run, cost), chunked)
+        walk = static_batch(cost, run.load.requests, run.isl, run.osl, tokens, seqs, chunks)
         predicted = walk.latency_s * 1e3
         out.append({"id": run.id, "model": run.model, "release": f"vllm {run.release}", "batch": run.load.requests,
                     "isl": run.isl, "osl": run.osl, "measured_ms": run.measured["e2e_latency_ms"],
                     "predicted_ms": predicted, "error": predicted / run.measured["e2e_latency_ms"] - 1,
                     "ttft_ms": walk.stats(walk.ttft_s)["mean"] * 1e3,
-                    "tpot_ms": walk.stats(walk.tpot_s).get("mean", 0.0) * 1e3})
+                    "tpot_ms": walk.stats(walk.tpot_s).get("mean", 0.0) * 1e3, "scheduler": rule})
     return out
 
 
@@ -67,7 +84,10 @@ def main(argv=None) -> int:
     p.add_argument("--rows", action="store_true", help="print every row's prediction")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-chunked-prefill", dest="chunked", action="store_false", default=None,
-                   help="walk the batch as vLLM's V0 scheduler without chunked prefill")
+                   help="every row without chunked prefill at the engine's budget (default: V0 releases as V0 on "
+                        "ROCm runs them, whole prompts; later releases chunked at the engine's defaults)")
+    p.add_argument("--chunked-prefill", dest="chunked", action="store_true",
+                   help="every row chunked at the engine's defaults, V0 releases too")
     args = p.parse_args(argv)
     rows = predict_rows(args.data, args.chunked)
     groups = summary(rows)

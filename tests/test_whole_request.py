@@ -102,3 +102,13 @@ def test_prefill_beyond_the_engine_budget_is_noted(capsys):
     assert main(["llama-3.2-1b", "--device", "h100", "-b", "32", "-q", "2048", "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert any("65,536 tokens" in n and "8 steps" in n for n in notes)
+
+
+def test_cli_without_chunked_prefill(capsys):
+    assert main(["llama-3.2-1b", "--device", "h100", "-b", "6", "-q", "1000", "-n", "8", "--no-chunked-prefill",
+                 "--max-prefill-tokens", "2048", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scheduler"]["chunked_prefill"] is False
+    assert all(not (s["prefill_chunks"] and s["decode_batch"]) for s in out["steps"])
+    assert out["prefill_steps"] == 3
+    assert main(["llama-3.2-1b", "--device", "h100", "--no-chunked-prefill"]) == 2

@@ -218,8 +218,9 @@ def check_work(args) -> None:
                                  f"the single-step modes")
         MAX_BATCH_TOKENS.check(args.num_queries * (args.query_length + args.output_length),
                                "--num-queries x (--query-length + --output-length)")
-    elif args.max_prefill_tokens is not None or args.max_running is not None:
-        raise InputError("--max-prefill-tokens and --max-running set the scheduler of --output-length")
+    elif args.max_prefill_tokens is not None or args.max_running is not None or not args.chunked_prefill:
+        raise InputError("--max-prefill-tokens, --max-running and --no-chunked-prefill set the scheduler of "
+                         "--output-length")
     MAX_BATCH_TOKENS.check(args.num_queries * (args.query_length + (args.context_length if args.decode else 0)),
                            "--num-queries x tokens per sequence")
     if args.sweep_prefix_cache_hit_rate is not None:
@@ -261,7 +262,7 @@ def body(args) -> int:
 def whole(args, spec: ModelSpec, options) -> int:
     r = whole_request.predict(spec, args.device, args.num_queries, args.query_length, args.output_length,
                               args.tp_size, args.ep_size, args.execution, options, args.engine, args.ep_style,
-                              args.engine_release, args.max_prefill_tokens, args.max_running)
+                              args.engine_release, args.max_prefill_tokens, args.max_running, args.chunked_prefill)
     for warning in r.warnings:
         warn(warning)
     if args.json:
@@ -296,6 +297,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
                    help="with --output-length: tokens per engine step (the chunked-prefill budget; default: the "
                         "engine's)")
+    p.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false", default=True,
+                   help="with --output-length: whole prompts per step, prefill and decode steps apart (vLLM's V0 "
+                        "scheduler, e.g. V0 on ROCm)")
     p.add_argument("--max-running", type=positive_int, default=None,
                    help="with --output-length: requests running at once (max_num_seqs; default: the engine's)")
     p.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,

@@ -74,19 +74,20 @@ class WholeRequest:
 
 def predict(spec: ModelSpec, device: str, batch: int, prompt: int, output: int, tp: int, ep: int, execution: str,
             options, engine: str, ep_style: str, release: str | None = None, max_batched_tokens: int | None = None,
-            max_num_seqs: int | None = None) -> WholeRequest:
+            max_num_seqs: int | None = None, chunked_prefill: bool = True) -> WholeRequest:
     hw = load_profile(device)
     cost = StepCost(spec, hw, options, execution, Parallelism(tp, ep, ep_style), engine, release=release)
     d = cost.defaults
     tokens, seqs = max_batched_tokens or d.max_batched_tokens, max_num_seqs or d.max_num_seqs
-    chunked = d.chunked_prefill or prompt > tokens
+    chunked = (d.chunked_prefill and chunked_prefill) or (chunked_prefill and prompt > tokens)
     kv = cost.replica_memory(tokens).kv_tokens if execution == "engine" else None
     if kv == 0:
         raise InputError(f"{spec.name} leaves no memory for a KV cache on {hw.name} at TP={tp}: raise --tp-size")
     walk = static_batch(cost, batch, prompt, output, tokens, seqs, chunked)
     notes = [f"scheduler: {tokens:,} tokens per step (max_num_batched_tokens), {seqs} requests at once "
              f"(max_num_seqs), {'chunked prefill' if chunked else 'whole prompts per step'}"
-             f"{'' if max_batched_tokens else ' (the engine defaults; --max-prefill-tokens/--max-running change them)'}",
+             f"{'' if max_batched_tokens else ' (the engine defaults; --max-prefill-tokens/--max-running change them)'}"
+             + ("" if chunked or prompt <= tokens else f"; a {prompt}-token prompt beyond the budget runs whole"),
              "every step priced on its own shapes (StepCost: power-of-two shape buckets, linear between them, as "
              "serving_sim prices steps); no prefix-cache hits"]
     if execution == "engine":
