@@ -88,6 +88,8 @@ class HardwareProfile:
     engines_data: dict = field(default_factory=dict, compare=False, repr=False)   # the raw `engines` section
     topologies: dict = field(default_factory=dict, compare=False, repr=False)     # name -> schema Topology
     topology: str = ""            # the topology this profile was loaded with ("" : the measured one)
+    gpu_hour_usd: float = 0.0     # rent per GPU-hour (0: the profile states none)
+    price_origin: str = ""        # its source and date
 
     @property
     def memory_bytes(self) -> float:
@@ -283,7 +285,9 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,
         efficiency=_efficiency(f.efficiency, where, seen, f.name), sources=dict(f.sources), path=where,
         l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies),
-        domain_gpus=f.interconnect.domain_gpus or 0, **_scale_out(f))
+        domain_gpus=f.interconnect.domain_gpus or 0, **_scale_out(f),
+        **({"gpu_hour_usd": f.price.gpu_hour_usd, "price_origin": f"{f.price.source}, {f.price.date}"}
+           if f.price else {}))
 
 
 def _scale_out(f: ProfileFile) -> dict:

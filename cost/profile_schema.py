@@ -60,6 +60,14 @@ class ScaleOut(_Section):
     latency_us: PositiveMicroseconds
 
 
+class Price(_Section):
+    """What one GPU of this kind rents for, by the hour: a list price on a date, with where it was read (prices
+    vary two- to threefold by provider and term: the CLIs' --gpu-hour-price overrides it)."""
+    gpu_hour_usd: _finite(high=1e4, gt=0.0)
+    source: StrictStr = Field(min_length=1)
+    date: StrictStr = Field(min_length=4)
+
+
 class HostLink(_Section):
     name: StrictStr = ""
     bandwidth_gbps: GBps
@@ -132,6 +140,7 @@ class ProfileFile(_Section):
     l2_cache_mb: _finite(0.0, 1e5) = 0.0
     interconnect: Link
     scale_out: ScaleOut | None = None        # the network between nodes: interconnect's fields and gpus_per_node
+    price: Price | None = None               # rent per GPU-hour, with its source and date
     host_link: HostLink
     kernel_launch_us: PositiveMicroseconds
     efficiency: dict[StrictStr, Any] | None = None     # Inherited or EfficiencySchema: checked in validate_profile

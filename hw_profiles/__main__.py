@@ -40,9 +40,14 @@ def fit_status(hw, engine: str) -> str:
             + (" scaled" if scaled else ""))
 
 
-def _engine_summary(hw) -> str:
+def _engine_summary(hw, wide: bool = False) -> str:
+    """Each engine's fit on the device (python -m hw_profiles NAME gives its provenance)."""
     from cost.engines import ENGINES
-    return ", ".join(f"{name} {fit_status(hw, name)}" for name in ENGINES)
+    if wide:
+        return ", ".join(f"{name} {fit_status(hw, name)}" for name in ENGINES)
+    short = {"sglang": "sgl", "trtllm": "trt"}
+    return " ".join(f"{short.get(name, name)}:{fit_status(hw, name).replace('from ', '<').replace(' scaled', '~')}"
+                    for name in ENGINES)
 
 
 @quiet_broken_pipe
@@ -50,6 +55,7 @@ def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m hw_profiles", description=__doc__)
     p.add_argument("device", nargs="?", help="show one profile (name, alias or .json path)")
     p.add_argument("--json", action="store_true", help="one JSON list of the profiles on stdout")
+    p.add_argument("--wide", action="store_true", help="every column: aliases, the engine fits' provenance")
     args = p.parse_args(argv)
     try:
         return show(args)
@@ -68,21 +74,26 @@ def show(args) -> int:
             "scale_up_gpus": hw.scale_up_gpus, "gpus_per_node": hw.gpus_per_node, "vendor": hw.vendor,
             "host_link_bandwidth_gbps": hw.host_link_bandwidth_gbps, "l2_cache_mb": hw.l2_cache_mb,
             "efficiency_origin": hw.efficiency.origin,
+            "price": {"usd_per_gpu_hour": hw.gpu_hour_usd, "origin": hw.price_origin} if hw.gpu_hour_usd else None,
             "topologies": {name: t.description for name, t in hw.topologies.items()},
             "engines": {name: {"origin": cal.origin, "inherited": list(cal.inherited), "fit": fit_status(hw, name)}
                         for name, cal in _engines(hw).items()},
             "refused_engines": _refused(hw),
             "sources": hw.sources} for hw in profiles], indent=1))
         return 0
-    rows = [[hw.key, hw.name, ", ".join(hw.aliases), f"{hw.matrix_tflops.get('bf16', 0):g}",
+    rows = [[hw.key, *([hw.name, ", ".join(hw.aliases)] if args.wide else []),
+             f"{hw.matrix_tflops.get('bf16', 0):g}",
              f"{hw.matrix_tflops['fp8']:g}" if "fp8" in hw.matrix_tflops else "-",
              f"{hw.memory_bandwidth_gbps / 1000:g}", f"{hw.memory_capacity_gb:g}",
              f"{hw.interconnect_bandwidth_gbps:g}", f"{hw.scale_up_gpus}", f"{hw.host_link_bandwidth_gbps:g}",
+             f"{hw.gpu_hour_usd:g}" if hw.gpu_hour_usd else "-",
              "fitted" if hw.efficiency.origin.startswith("fitted") else "from h200",
-             _engine_summary(hw)] for hw in profiles]
-    print(format_table(["key", "name", "aliases", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "GB",
-                        "link GB/s", "domain", "host GB/s", "eager fit", "engine kernels (fit per engine)"], rows,
-                       title="dense matrix peaks (no sparsity); link = per direction; domain = GPUs one link domain joins"))
+             _engine_summary(hw, args.wide)] for hw in profiles]
+    print(format_table(["key", *(["name", "aliases"] if args.wide else []), "bf16 TF/s", "fp8 TF/s", "HBM TB/s",
+                        "GiB", "link GB/s", "domain", "host GB/s", "$/GPU-h", "eager fit", "engine kernels"], rows,
+                       title="dense matrix peaks (no sparsity); link: per direction; domain: GPUs one link domain "
+                             "joins; GiB: memory capacity\n$/GPU-h: the profile's rent; engine kernels: fitted, "
+                             "<carried over from that profile, ~ scaled; --wide adds names, aliases, provenance"))
     others = [f"{hw.key}:{name}" for hw in profiles if not hw.topology for name in hw.topologies]
     if others and not args.device:
         print(f"\nother server topologies (--device NAME:TOPOLOGY): {', '.join(others)}")
@@ -90,6 +101,8 @@ def show(args) -> int:
         hw = profiles[0]
         print(f"\nmatrix TFLOP/s: {_fmt(hw.matrix_tflops)}\nvector TFLOP/s: {_fmt(hw.vector_tflops)}")
         print(f"eager efficiency: {hw.efficiency.origin}")
+        print(f"price: ${hw.gpu_hour_usd:g} per GPU-hour ({hw.price_origin})" if hw.gpu_hour_usd
+              else "price: none stated (give --gpu-hour-price to the serving CLIs)")
         if hw.topology:
             print(f"topology {hw.topology}: {hw.topologies[hw.topology].description}")
         else:

@@ -24,12 +24,12 @@ from tracer.work import Request, TraceOptions
 from .capacity import OUTPUT_KV_SHARE, ReplicaMemory
 from .layouts import Layout
 from .lengths import LengthDistribution, fixed_lengths
+from .slo import STATS, LatencyLimits, goodput_estimate
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, admitted, solve
 from .speculative import Speculation, SpeculativeStep, speculative_step
 from .step_cost import StepCost
 
 MIXED, DISAGG = "mixed", "disagg"
-STATS = ("mean", "p50", "p90", "p99")
 
 
 @dataclass(frozen=True)
@@ -43,24 +43,6 @@ class Workload:
     def describe(self) -> str:
         return self.lengths.describe() if self.lengths is not None else \
             fixed_lengths(self.input_tokens, self.output_tokens)
-
-
-@dataclass(frozen=True)
-class LatencyLimits:
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    stat: str = "mean"            # which TTFT and TPOT statistic the limits apply to
-
-    def why_not(self, ttft_ms: dict, tpot_ms: float, tpot_stats_ms: dict | None = None) -> list[str]:
-        """`tpot_stats_ms`: a request's TPOT percentiles (mean, p50, p90, p99); without them the limit applies
-        to `tpot_ms` whatever the statistic (a decode pool's steady batch)."""
-        out = []
-        if self.ttft_ms is not None and ttft_ms[self.stat] > self.ttft_ms:
-            out.append(f"TTFT {self.stat} {ttft_ms[self.stat]:.1f} ms > {self.ttft_ms:g} ms")
-        tpot, stat = (tpot_stats_ms[self.stat], f" {self.stat}") if tpot_stats_ms else (tpot_ms, "")
-        if self.tpot_ms is not None and tpot > self.tpot_ms:
-            out.append(f"TPOT{stat} {tpot:.2f} ms > {self.tpot_ms:g} ms")
-        return out
 
 
 @dataclass(frozen=True)
@@ -102,6 +84,16 @@ class Candidate:
     tpot_stats_ms: dict = field(default_factory=dict)   # a request's TPOT: mean, p50, p90, p99
     queue_ms: float = 0.0              # mean wait for a slot in the running batch
     speculation: str | None = None     # the speculative setup's label (mtp k=2), None: none
+    goodput: float = 0.0               # requests/s within every limit (serving/slo.py)
+    overload: bool = False             # the load is beyond what it serves (serving/overload.py)
+
+    @property
+    def label(self) -> str:
+        """What to deploy: `mixed TP2 DP4`, or `disagg P3xTP2 D1xTP4` (prefill and decode instances)."""
+        if self.mode == DISAGG:
+            one = lambda lay: f"TP{lay.tp}" + (f" EP{lay.ep}" if lay.ep > 1 else "")  # noqa: E731
+            return f"disagg P{self.prefill_instances}x{one(self.prefill)} D{self.decode_instances}x{one(self.layout)}"
+        return f"{self.mode} {self.layout.label}"
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -120,7 +112,8 @@ class Candidate:
                "max_num_seqs": self.max_num_seqs, "max_batched_tokens": self.max_batched_tokens,
                "kv_tokens_per_replica": self.kv_tokens, "limited_by": self.limited_by,
                "meets_limits": self.meets_limits, "why_not": self.why_not, "notes": self.notes,
-               "tpot_stats_ms": self.tpot_stats_ms, "queue_ms": self.queue_ms, "speculation": self.speculation}
+               "tpot_stats_ms": self.tpot_stats_ms, "queue_ms": self.queue_ms,
+               "goodput_requests_per_s": self.goodput, "overload": self.overload, "speculation": self.speculation}
         if self.memory is not None:
             m = self.memory
             out["memory_gb_per_gpu"] = {"weights": m.weights / 1e9, "activations": m.activations / 1e9,
@@ -210,7 +203,9 @@ class Searcher:
                          layout.gpus, mem, limits.max_num_seqs * layout.pp, limits.max_batched_tokens,
                          mem.kv_tokens, state.limited_by, not why, why, notes,
                          tpot_stats_ms=tpot_stats, queue_ms=state.queue_s * 1e3,
-                         speculation=self.settings.speculation.label if self.settings.speculation else None)
+                         speculation=self.settings.speculation.label if self.settings.speculation else None,
+                         goodput=goodput_estimate(state.request_rate * engines, ttft, tpot_stats, self.limits)
+                         if state.stable and mem.kv_tokens >= longest else 0.0)
 
     def best_rate(self, layout: Layout) -> Candidate:
         """The highest request rate this layout serves within the limits (the saturation rate without limits)."""
@@ -234,6 +229,30 @@ class Searcher:
                 break
         if best is None:      # not even a trickle of load meets the limits
             return self.mixed(layout, Load(RATE, max(top * 1e-3, 1e-6)))
+        return best
+
+    def best_goodput(self, layout: Layout) -> Candidate:
+        """The request rate with the most goodput (requests/s within every limit): a grid over the rates the
+        layout can serve, then a golden-section search between the best point's neighbours (goodput rises with
+        the rate until the limits start to fail, then falls)."""
+        saturated = self.mixed(layout, Load(RATE, 1e9))
+        top = saturated.request_rate * 0.999
+        if top <= 0 or saturated.why_not and saturated.why_not[0].startswith("memory"):
+            return saturated
+        grid = [top * f for f in (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)]
+        scored = [self.mixed(layout, Load(RATE, r)) for r in grid]
+        i = max(range(len(grid)), key=lambda k: scored[k].goodput)
+        lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+        best = scored[i]
+        golden = 0.618
+        for _ in range(10):
+            a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+            ca, cb = self.mixed(layout, Load(RATE, a)), self.mixed(layout, Load(RATE, b))
+            if ca.goodput >= cb.goodput:
+                hi = b
+            else:
+                lo = a
+            best = max((best, ca, cb), key=lambda c: c.goodput)
         return best
 
     # -- disaggregated pools -----------------------------------------------------------------------------------
@@ -271,7 +290,7 @@ class Searcher:
         n = 1
         while n <= admit:
             s = cost.steady(n, 0, 1, 0, ctx) * per_token
-            if self.limits.tpot_ms is not None and s * 1e3 > self.limits.tpot_ms:
+            if self.limits.tpot_target_ms is not None and s * 1e3 > self.limits.tpot_target_ms:
                 break
             best = (n / (max(1, self.w.output_tokens - 1) * s), n, s)
             n = n * 2 if n * 2 <= admit or n == admit else admit
@@ -287,7 +306,8 @@ class Searcher:
                       if num_gpus <= self.hw.scale_up_gpus or self.hw.scale_out_bandwidth_gbps <= 0
                       else (self.hw.scale_out_name or "the scale-out network", self.hw.scale_out_bandwidth_gbps))
         transfer_s = kv_per_token * self.w.input_tokens / (gbps * 1e9)
-        ttft_budget = None if self.limits.ttft_ms is None else self.limits.ttft_ms - transfer_s * 1e3
+        target = self.limits.ttft_target_ms
+        ttft_budget = None if target is None else target - transfer_s * 1e3
         if ttft_budget is not None and ttft_budget <= 0:
             return None
         need = self.w.input_tokens + self.w.output_tokens
@@ -311,7 +331,9 @@ class Searcher:
         rate, p, d = best
         if offered is not None and offered < rate:
             rate = offered
-            # decode instances below capacity run smaller batches: n = r (O - 1) s(n) at their share r
+        if rate < d * rate_d:
+            # decode instances below capacity (the offered rate, or a prefill pool that feeds them less than they
+            # serve) run smaller batches: n = r (O - 1) s(n) at their share r
             ctx = self.w.input_tokens + self.w.output_tokens // 2
             share, cost_d, n = rate / d, self.cost(decode), 1.0
             for _ in range(60):
@@ -344,7 +366,8 @@ class Searcher:
                           self.w.describe() + (" (disaggregated pools priced at its mean lengths)"
                                                if self.w.lengths is not None else "")]
                          + self.cost(decode).formats_notes(),
-                         replace(prefill, dp=p), p, d)
+                         replace(prefill, dp=p), p, d,
+                         goodput=goodput_estimate(rate, ttft, {"mean": tpot}, self.limits))
 
 
 def layout_error(layout: Layout, hw: HardwareProfile) -> str | None:

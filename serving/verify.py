@@ -5,14 +5,21 @@ them as the RFC's hit rate says). The steady-state model and the simulator then 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+from tracer.trace import trace
+from tracer.work import Request
+
+from . import overload
 from .arrivals import ClosedLoopArrivals
+from .disagg_sim import DisaggConfig, simulate_disagg
 from .layouts import Layout
+from .lengths import LengthDistribution
 from .metrics import latency_ms
 from .search import Candidate, Searcher
 from .simulator import ServerConfig, simulate
-from .lengths import LengthDistribution
-from .steady_state import CONCURRENCY, MAX, Load
+from .slo import LatencyLimits, goodput_of
+from .steady_state import CONCURRENCY, MAX, RATE, Load
 from .workload import SimRequest, arrival_times
 
 BLOCK = 16
@@ -67,11 +74,78 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
     recs = sorted(result.records, key=lambda r: r.arrival_s)
     middle = recs if burst else recs[3 * len(recs) // 10: len(recs) - len(recs) // 10] or recs
     tpots = [r.tpot_s for r in middle if r.tpot_s is not None]
-    return {"requests": n, "ttft_ms": latency_ms([r.ttft_s for r in middle]),
-            "tpot_ms": latency_ms(tpots)["mean"] if tpots else 0.0,
-            "tpot_q_ms": latency_ms(tpots) if tpots else {},
-            "output_tokens_per_s": summary["output_tokens_per_s"], "hit_rate": summary["hit_rate"],
-            "preemptions": summary["preemptions"]["count"]}
+    out = {"requests": n, "ttft_ms": latency_ms([r.ttft_s for r in middle]),
+           "tpot_ms": latency_ms(tpots)["mean"] if tpots else 0.0,
+           "tpot_q_ms": latency_ms(tpots) if tpots else {},
+           "output_tokens_per_s": summary["output_tokens_per_s"], "hit_rate": summary["hit_rate"],
+           "preemptions": summary["preemptions"]["count"],
+           "overload": [] if burst else overload.simulated(
+               result.records, reqs, int(load.value) if load.kind == CONCURRENCY else None,
+               limits.max_num_seqs * engines if load.kind == CONCURRENCY else None,
+               f" (simulated {candidate.label})")}
+    return {**out, **judged(out, middle, searcher.limits)}
+
+
+def simulate_disagg_candidate(searcher: Searcher, candidate: Candidate, load: Load, requests: int | None = None,
+                              seed: int = 0) -> dict:
+    """The disaggregated simulator (serving/disagg_sim.py) at a disaggregated candidate's pools and load (for
+    max-throughput searches and closed loops, the candidate's own request rate, open loop)."""
+    pre, dec = candidate.prefill, candidate.layout
+    pre_one, dec_one = replace(pre, dp=1), replace(dec, dp=1)
+    limits_p, _ = searcher.engine_limits(pre_one)
+    limits_d, _ = searcher.engine_limits(dec_one)
+    w = searcher.w
+    rate = load.value if load.kind == RATE else candidate.request_rate
+    n = requests or int(min(8000, max(400, 60 * candidate.decode_instances * max(1.0, candidate.running))))
+    times = arrival_times(n, rate, random.Random(seed), load.arrival if load.kind == RATE else "poisson")
+    reqs = fixed_requests(n, w.input_tokens, w.output_tokens, w.cached_tokens, times, w.lengths, seed)
+    kv_per_token = trace(searcher.spec, Request(1, 1, 1, decode=True), searcher.options).kv_bytes_per_token
+    config = DisaggConfig(
+        ServerConfig(block_size=BLOCK, gpu_blocks=max(2, limits_p.kv_tokens // BLOCK + 1),
+                     max_prefill_tokens=limits_p.max_batched_tokens, max_running=limits_p.max_num_seqs,
+                     prefix_caching=w.cached_tokens > 0, instances=candidate.prefill_instances,
+                     gpus_per_instance=pre_one.gpus, cache_policy="vllm"),
+        candidate.decode_instances, limits_d.max_num_seqs, limits_d.kv_tokens, kv_per_token,
+        searcher.hw.interconnect_bandwidth_gbps * 1e9)
+    for r in reqs:
+        r.hash_blocks(BLOCK)
+    result = simulate_disagg(reqs, searcher.cost(pre_one), searcher.cost(dec_one), config)
+    recs = sorted(result.records, key=lambda r: r.arrival_s)
+    middle = recs[3 * len(recs) // 10: len(recs) - len(recs) // 10] or recs
+    tpots = [r.tpot_s for r in middle if r.tpot_s is not None]
+    out = {"requests": n, "ttft_ms": latency_ms([r.ttft_s for r in middle]),
+           "tpot_ms": latency_ms(tpots)["mean"] if tpots else 0.0,
+           "tpot_q_ms": latency_ms(tpots) if tpots else {},
+           "output_tokens_per_s": result.output_tokens_per_s,
+           "transfer_wait_ms": latency_ms([r.transfer_wait_s for r in middle]),
+           "decode_wait_ms": latency_ms([r.decode_admit_s - r.first_token_s for r in middle]),
+           "rejected": len(result.rejected_ids),
+           "overload": overload.simulated([_Admitted(r) for r in result.records], reqs,
+                                          where=f" (simulated {candidate.label})")}
+    return {**out, **judged(out, middle, searcher.limits)}
+
+
+class _Admitted:
+    """A disaggregated request as the overload checks read it: admitted when its prefill instance took it."""
+    __slots__ = ("arrival_s", "admit_s", "finish_s")
+
+    def __init__(self, r):
+        # the wait before the first token beyond the prefill itself: the prefill queue and the link's
+        self.arrival_s, self.admit_s, self.finish_s = r.arrival_s, r.first_token_s, r.finish_s
+
+
+def judged(sim: dict, records: list, limits: LatencyLimits) -> dict:
+    """The simulation against the limits: whether it meets them at their statistic, and its goodput (the share
+    of `records` within every limit, times the requests/s it served)."""
+    why = limits.why_not(sim["ttft_ms"], sim["tpot_ms"], sim["tpot_q_ms"] or None) + sim.get("overload", [])
+    if sim["ttft_ms"]["mean"] is None:
+        why = ["no request finished in the simulation"]
+    mean_output = sum(r.output_tokens for r in records) / len(records) if records else 0
+    served = sim["output_tokens_per_s"] / mean_output if mean_output else 0.0
+    good = goodput_of([r.ttft_s * 1e3 for r in records],
+                      [r.tpot_s * 1e3 if r.tpot_s is not None else None for r in records], 1.0, limits)
+    return {"meets_limits": not why, "why_not": why,
+            "goodput_requests_per_s": served * good / len(records) if records else 0.0}
 
 
 
@@ -84,9 +158,7 @@ def simulated_best_rate(searcher: Searcher, layout: Layout, guess: float, steps:
 
     def meets(sim: dict) -> bool:
         ttft = sim["ttft_ms"][limits.stat]
-        tpot = sim["tpot_q_ms"].get(limits.stat) if sim["tpot_q_ms"] else 0.0
-        return (limits.ttft_ms is None or ttft is not None and ttft <= limits.ttft_ms) and \
-            (limits.tpot_ms is None or tpot is not None and tpot <= limits.tpot_ms)
+        return not limits.why_not(sim["ttft_ms"], sim["tpot_ms"], sim["tpot_q_ms"] or None) and ttft is not None
 
     lo, hi, best = guess / 2, guess * 1.5, None
     for _ in range(steps):
@@ -99,4 +171,4 @@ def simulated_best_rate(searcher: Searcher, layout: Layout, guess: float, steps:
     return lo, best
 
 
-__all__ = ["fixed_requests", "simulate_candidate", "simulated_best_rate"]
+__all__ = ["fixed_requests", "judged", "simulate_disagg_candidate", "simulate_candidate", "simulated_best_rate"]

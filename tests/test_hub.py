@@ -8,6 +8,7 @@ from huggingface_hub import errors
 
 from cli.inference.text_generate import main as text_generate
 from tracer import ModelError, resolve_model
+from tracer import hub as hub_module
 from tracer.__main__ import main as tracer_main
 
 LLAMA = resolve_model("llama-3.2-1b").config
@@ -62,7 +63,34 @@ def hub(tmp_path, monkeypatch):
     fake = FakeHub(tmp_path, {"acme/tiny": {"config.json": json.dumps(LLAMA), "model.safetensors": weights}})
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake.hf_hub_download)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake.snapshot_download)
+    monkeypatch.setattr(hub_module, "_reachable", lambda endpoint, timeout_s=3.0: None)   # the fake Hub answers
     return fake
+
+
+def test_an_unreachable_hub_fails_fast_naming_the_way_out(tmp_path, monkeypatch, capsys):
+    import time
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")   # nothing listens there
+    start = time.monotonic()
+    assert text_generate(["acme/absent", "--device", "h100"]) == 2
+    assert time.monotonic() - start < 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot reach the Hugging Face Hub" in err
+    assert "HF_HUB_OFFLINE=1" in err and "config.json" in err
+
+
+def test_a_silent_hub_is_given_up_on(monkeypatch):
+    import socket
+    import time
+    def hanging(*args, **kwargs):   # a resolver that answers long after the probe gave up
+        time.sleep(1.0)
+        raise OSError("late")
+    monkeypatch.setattr(socket, "create_connection", hanging)
+    start = time.monotonic()
+    why = hub_module._reachable("https://huggingface.co", timeout_s=0.3)
+    assert time.monotonic() - start < 2 and "no answer from huggingface.co:443 within 0.3 s" in why
 
 
 def test_online_fetches_only_the_config_then_reuses_the_cache(hub, capsys):

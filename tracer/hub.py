@@ -56,11 +56,47 @@ def _needs_code(config_path: Path) -> bool:
         return False
 
 
+REACH_TIMEOUT_S = 3.0   # the Hub answers a TCP connect in well under a second; an unreachable one fails in this
+WAY_OUT = ("give a local config.json (or a folder holding one) instead of the Hub id, or set HF_HUB_OFFLINE=1 "
+           "to use only the local Hugging Face cache")
+
+
+def _reachable(endpoint: str, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
+    """None when a TCP connection to the Hub's host opens within `timeout_s`, else why not. Name resolution
+    cannot be given a timeout, so the probe runs in a daemon thread that is abandoned when it is too slow (a
+    resolver that never answers made huggingface_hub's own retries take about 25 s)."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+    url = urlparse(endpoint)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    outcome: list = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(f"{type(e).__name__}: {e}")
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        return f"no answer from {host}:{port} within {timeout_s:g} s"
+    return outcome[0]
+
+
 def _fetch(model_id: str, revision: str | None, with_code: bool) -> Path:
     import huggingface_hub
-    from huggingface_hub import errors
+    from huggingface_hub import constants, errors
     where = f"{model_id}" + (f" at revision {revision}" if revision else "")
     local_only = offline()
+    if not local_only:
+        why = _reachable(constants.ENDPOINT)
+        if why is not None:
+            raise HubError(f"cannot reach the Hugging Face Hub ({why}) and {CONFIG} of {where} is not in the local "
+                           f"cache ({cache_dir()}): {WAY_OUT}")
     hub_logging = huggingface_hub.utils.logging
     verbosity = hub_logging.get_verbosity()
     hub_logging.set_verbosity_error()   # its retry warnings would bury the one-line error below
@@ -88,7 +124,7 @@ def _fetch(model_id: str, revision: str | None, with_code: bool) -> Path:
             raise HubError(f"offline (HF_HUB_OFFLINE=1) and {what} of {where} is not in the local Hugging Face "
                            f"cache ({cache_dir()})") from None
         raise HubError(f"cannot reach the Hugging Face Hub and {what} of {where} is not in the local cache "
-                       f"({cache_dir()})") from None
+                       f"({cache_dir()}): {WAY_OUT}") from None
     except errors.EntryNotFoundError:
         raise HubError(f"{where} has no {CONFIG} on the Hugging Face Hub") from None
     except errors.HFValidationError as e:

@@ -56,6 +56,15 @@ def frontier(points: list[ParetoPoint]) -> list[ParetoPoint]:
     return kept[::-1]
 
 
+def _distinct_labels(points: list[ParetoPoint]) -> list[ParetoPoint]:
+    """One label per run of frontier points with the same layout (a layout swept over loads draws several)."""
+    out = []
+    for p in points:
+        if not out or out[-1].label != p.label:
+            out.append(p)
+    return out
+
+
 def _same_spot(a: ParetoPoint, b: ParetoPoint) -> bool:
     return (a.tokens_per_s_per_gpu, a.tpot_ms) == (b.tokens_per_s_per_gpu, b.tpot_ms)
 
@@ -68,10 +77,17 @@ def by_hit_rate(points: list[ParetoPoint]) -> dict[float | None, list[ParetoPoin
     return groups
 
 
+def usd_per_million(p: ParetoPoint, usd_per_gpu_hour: float) -> float:
+    """Dollars per million output tokens at this point's throughput per GPU."""
+    return usd_per_gpu_hour / (p.tokens_per_s_per_gpu * 3600) * 1e6
+
+
 def plot(points: list[ParetoPoint], path: str | Path, ttft_limit_ms: float | None = None,
-         tpot_limit_ms: float | None = None, title: str = "") -> bool:
+         tpot_limit_ms: float | None = None, title: str = "", usd_per_gpu_hour: float | None = None) -> bool:
     """Draw tokens/s/GPU against tokens/s/user for every feasible point, mixed and disaggregated with their own
-    markers, one frontier line per hit rate, the TPOT limit as a vertical line. True when the file was written."""
+    markers, one frontier line per hit rate with each frontier point labelled by its layout, the TPOT limit as a
+    vertical line; with a price, a second panel draws $ per million output tokens against the same axis.
+    True when the file was written."""
     path = Path(path)
     if not path.parent.is_dir():
         raise ValueError(f"cannot write plot {path}: folder {path.parent} does not exist")
@@ -83,8 +99,10 @@ def plot(points: list[ParetoPoint], path: str | Path, ttft_limit_ms: float | Non
         return False
     feasible = [p for p in points if p.feasible]
     groups = by_hit_rate(feasible)
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.add_subplot()
+    priced = usd_per_gpu_hour is not None and any(p.tokens_per_s_per_gpu > 0 for p in feasible)
+    fig = Figure(figsize=(7, 7.5 if priced else 4.5))
+    ax = fig.add_subplot(2, 1, 1) if priced else fig.add_subplot()
+    money = fig.add_subplot(2, 1, 2, sharex=ax) if priced else None
     colors = ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9"]
     for i, (rate, group) in enumerate(groups.items()):
         color = colors[i % len(colors)]
@@ -97,16 +115,30 @@ def plot(points: list[ParetoPoint], path: str | Path, ttft_limit_ms: float | Non
         best = frontier(group)
         ax.plot([p.tokens_per_s_per_user for p in best], [p.tokens_per_s_per_gpu for p in best], color=color,
                 linewidth=1.8, marker="o", markersize=3, label=f"{name}frontier")
+        for p in _distinct_labels(best):
+            ax.annotate(p.label, (p.tokens_per_s_per_user, p.tokens_per_s_per_gpu), fontsize=6, color=color,
+                        xytext=(3, 3), textcoords="offset points")
+        if money is not None:
+            paid = [p for p in best if p.tokens_per_s_per_gpu > 0]
+            money.plot([p.tokens_per_s_per_user for p in paid], [usd_per_million(p, usd_per_gpu_hour) for p in paid],
+                       color=color, linewidth=1.8, marker="o", markersize=3, label=f"{name}frontier")
+            for p in _distinct_labels(paid):
+                money.annotate(p.label, (p.tokens_per_s_per_user, usd_per_million(p, usd_per_gpu_hour)), fontsize=6,
+                               color=color, xytext=(3, 3), textcoords="offset points")
     if tpot_limit_ms is not None:
         ax.axvline(1000.0 / tpot_limit_ms, color="grey", linestyle="--", linewidth=1,
                    label=f"TPOT limit {tpot_limit_ms:g} ms")
     if not feasible:
         ax.text(0.5, 0.5, "no candidate meets the limits", transform=ax.transAxes, ha="center", va="center")
-    ax.set_xlabel("tokens/s/user (1000 / TPOT ms)")
+    (money or ax).set_xlabel("tokens/s/user (1000 / TPOT ms)")
     ax.set_ylabel("output tokens/s/GPU")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
+    if money is not None:
+        money.set_ylabel(f"$ per million output tokens\n(${usd_per_gpu_hour:g} per GPU-hour)")
+        money.set_ylim(bottom=0)
+        money.grid(True, alpha=0.3)
     limits = [f"TTFT <= {ttft_limit_ms:g} ms"] if ttft_limit_ms is not None else []
     ax.set_title("\n".join(x for x in (title, ", ".join(limits)) if x), fontsize=9)
     if ax.get_legend_handles_labels()[0]:

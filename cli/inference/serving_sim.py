@@ -5,7 +5,8 @@
         [--num-requests R] [--request-rate QPS] [--time-scale X] [--seed S] [--block-size 16]
         [--cache-policy vllm|sglang] [--gpu-cache-gb auto|X] [--sweep-gpu-cache-gb 8,16,32,64]
         [--cpu-cache-gb Y] [--instances N] [--routing round-robin|cache-aware]
-        [--max-prefill-tokens T] [--max-running N] [--compare] [--hit-window-s S] [--plot FILE.png] [--json]
+        [--max-prefill-tokens T] [--max-running N] [--compare] [--disagg P:D] [--gpu-hour-price USD]
+        [--hit-window-s S] [--plot FILE.png] [--json]
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ from serving.capacity import replica_memory
 from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
+from serving import overload
+from . import disagg_run
+from .config import InputError
+from serving.dollars import NO_PRICE, gpu_price
 from serving.simulator import ServerConfig, StepCost, simulate
 from serving.lengths import bundled_sets, read_lengths
 from serving.traces import MAX_ARRIVAL_S, load_jsonl, load_mooncake
@@ -173,7 +178,11 @@ def _simulate_one(label: str) -> tuple[str, dict]:
     arrivals = ClosedLoopArrivals(requests, users) if users else None
     with Progress(len(requests), f"simulating {label}", unit="req", position=list(runs).index(label)) as bar:
         result = simulate(requests, cost, cfg, arrivals, on_progress=bar.set)
-    return label, result.summary(cfg, window_s)
+    summary = result.summary(cfg, window_s)
+    where = f" ({label})" if len(runs) > 1 else ""
+    summary["overload"] = overload.simulated(result.records, requests, users,
+                                             cfg.max_running * cfg.instances if users else None, where)
+    return label, summary
 
 
 def run(args) -> dict:
@@ -190,10 +199,19 @@ def run(args) -> dict:
                                   max(r.prompt_tokens + r.output_tokens for r in requests), args.moe_imbalance)
     config = server_config(args, spec, hw, options)
     cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine, release=args.engine_release)
+    if args.disagg:
+        price = gpu_price(hw, args.gpu_hour_price)
+        d = disagg_run.run(args, spec, hw, options, requests, config, cost, price)
+        return {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
+                "num_requests": len(requests), "engine": args.engine, "step_overheads": cost.overhead_origin,
+                "load": _load_label(args), "disaggregated": d, "price_note": price.note if price else NO_PRICE,
+                "warnings": list(report.warnings) + d["run"]["overload"],
+                "lengths": args.lengths.describe() if args.lengths else None}
     runs = _runs(args, config)
     for r in requests:   # identities once, shared by every run (and by forked workers)
         r.hash_blocks(config.block_size)
     _SHARED["job"] = (requests, cost, runs, args.hit_window_s, args.concurrency)
+    price = gpu_price(hw, args.gpu_hour_price)
     workers = min(len(runs), os.cpu_count() or 1, args.jobs)
     if workers > 1:
         context = get_context("fork")
@@ -203,12 +221,17 @@ def run(args) -> dict:
         cost.shared = None
     else:
         results = dict(map(_simulate_one, runs))
+    for label, summary in results.items():
+        summary["dollars"] = price.of(runs[label].gpus, summary["output_tokens_per_s"],
+                                      summary["total_tokens_per_s"]) if price else None
     out = {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
+           "price_note": price.note if price else NO_PRICE,
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
            "origin": cost.origin.as_json(),
-           "load": _load_label(args), "runs": {k: results[k] for k in runs}, "warnings": list(report.warnings),
+           "load": _load_label(args), "runs": {k: results[k] for k in runs},
+           "warnings": list(report.warnings) + [m for k in runs for m in results[k]["overload"]],
            "lengths": args.lengths.describe() if args.lengths else None,
            "length_distribution": args.lengths.as_json() if args.lengths else None}
     if args.sweep_gpu_cache_gb:
@@ -276,10 +299,20 @@ ROWS = [  # (label, formatter of one run's summary)
     ("GPU->CPU store ms (link busy)", lambda r: f"{r['cpu_tier']['store_ms']:.1f} "
                                                 f"({r['cpu_tier']['store_link_busy'] * 100:.1f}%)"),
     ("completed / rejected", lambda r: f"{r['completed_requests']} / {r['rejected_requests']}"),
+    ("overloaded (see warnings)", lambda r: "YES" if r["overload"] else "no"),
+    ("$/hour; $/M output / total tokens", lambda r: "-" if not r.get("dollars") else
+        f"{r['dollars']['usd_per_hour']:,.2f}; " + " / ".join(
+            "-" if r["dollars"][k] is None else f"{r['dollars'][k]:,.3f}"
+            for k in ("usd_per_million_output_tokens", "usd_per_million_total_tokens"))),
 ]
 
 
 def render(out: dict) -> str:
+    if "disaggregated" in out:
+        text = (f"{out['model']} on {out['device']}, {out['engine']}, workload {out['workload']}, "
+                f"{out['num_requests']} requests, {out['load']}\n" + disagg_run.render(out["disaggregated"]))
+        text += "".join(f"\nwarning: {m}" for m in out["disaggregated"]["run"]["overload"])
+        return text + f"\nnote: step overheads: {out['step_overheads']}\nnote: {out['price_note']}"
     runs = out["runs"]
     rows = [[label, *(fmt(r) for r in runs.values())] for label, fmt in ROWS]
     if out["instances"] > 1:
@@ -297,8 +330,11 @@ def render(out: dict) -> str:
             [[f"{s['gpu_cache_gb']:g}", f"{s['hit_rate'] * 100:.1f}%", _f(s["ttft_ms_p50"]),
               f"{s['evicted_blocks']:,}", f"{s['preemptions']:,}"] for s in out["sweep"]],
             title="hit rate vs GPU cache capacity")
+    for message in sorted({m for r in runs.values() for m in r["overload"]}):
+        text += f"\nwarning: {message}"
     for note in origin_notes(out["origin"]):
         text += f"\nnote: {note}"
+    text += f"\nnote: {out['price_note']}"
     return (out["origin"]["headline"] + "\n" if out["origin"]["headline"] else "") + text
 
 
@@ -411,11 +447,17 @@ def main(argv=None) -> int:
     p.add_argument("--max-running", type=positive_int, default=None,
                    help="requests running at once (max_num_seqs; default: the engine's)")
     p.add_argument("--compare", action="store_true", help="no prefix cache vs GPU cache vs GPU + CPU tier")
+    p.add_argument("--disagg", default=None, metavar="P:D",
+                   help="disaggregated serving: P prefill and D decode instances of --tp-size GPUs, each pool with "
+                        "its own queue, KV sent over the interconnect")
     p.add_argument("--hit-window-s", type=finite_float(0.0, MAX_ARRIVAL_S, low_open=True), default=None,
                    help="window of the hit rate over time (default: the run's span / 40)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw hit rate and TTFT over time (with a sweep: hit rate vs GPU cache size)")
     p.add_argument("--jobs", type=bounded_int(64), default=2, help="runs simulated in parallel processes (default 2)")
+    p.add_argument("--gpu-hour-price", type=finite_float(0, low_open=True), default=None, metavar="USD",
+                   help="rent per GPU-hour for $/hour and $ per million tokens (default: the device profile's "
+                        "price, where it states one)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     sizes = p.add_argument_group("preset sizes", f"token counts of the presets' segments (the whole workload at "
                                                  f"most {MAX_SIM_TOKENS.default:,} tokens, raised with "
@@ -445,6 +487,12 @@ def main(argv=None) -> int:
             p.error(str(e))
         if args.compare:
             p.error("--sweep-gpu-cache-gb and --compare do not combine: sweep one setup at a time")
+    if args.disagg:
+        try:
+            disagg_run.check_flags(args)
+            disagg_run.parse_pools(args.disagg)
+        except InputError as e:
+            p.error(str(e))
     if args.routing != "round-robin" and args.instances == 1:
         warn("--routing has no effect with one instance")
     return run_main(body, args)

@@ -1,13 +1,16 @@
-"""Latency of one prefill (TTFT) or decode step (TPOT) of a model on a device, with prefix caching.
+"""Latency of one prefill (TTFT) or decode step (TPOT) of a model on a device, with prefix caching; or, with
+--output-length, of whole requests (one batch served to the end, as `vllm bench latency` runs it).
 
     python -m cli.inference.text_generate MODEL --device DEVICE --num-queries B --query-length Q
         [--context-length C] [--decode] [--prefix-cache-hit-rate H] [--tp-size N] [--json]
+    python -m cli.inference.text_generate MODEL --device DEVICE -b B -q Q --output-length N [--json]
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 
+from cost.engines import ENGINES
 from cost.estimate import BREAKDOWN_CLASSES, Estimate, Parallelism, estimate
 from cost.kernels import COMPUTE, MEMORY, OVERHEAD
 from cost.profile import HardwareProfile, load_profile
@@ -22,6 +25,7 @@ from ..common import (MAX_BATCH_TOKENS, MAX_SWEEP, MAX_TOKENS, ArgumentParser, L
 from ..progress import Progress
 from .config import InputError, RequestInfo, UserInputConfig
 from .memory import MemoryEstimate, estimate_memory
+from . import whole_request
 
 MEMORY_NOTE = ("KV memory covers the request's seq_len; resident prefix-cache memory beyond it is not modelled "
                "(RFC 5.3)")
@@ -75,7 +79,21 @@ class Result:
     @property
     def notes(self) -> list[str]:
         efficiency = [] if self.estimate.engine else [f"efficiency: {self.hw.efficiency.origin}"]
-        return self.trace.notes + [MEMORY_NOTE] + self.estimate.notes + efficiency
+        return self.trace.notes + [MEMORY_NOTE] + self.estimate.notes + efficiency + self.budget_notes
+
+    @property
+    def budget_notes(self) -> list[str]:
+        """A prefill larger than the engine's step budget is priced as one step here; the engine splits it."""
+        if self.info.decode or not self.estimate.engine:
+            return []
+        budget = ENGINES[self.estimate.engine].serving_defaults(self.hw.memory_capacity_gb,
+                                                                self.hw.name).max_batched_tokens
+        tokens = self.info.num_queries * self.info.query_len
+        if tokens <= budget:
+            return []
+        return [f"priced as one step of {tokens:,} tokens; {self.estimate.engine} runs at most {budget:,} tokens per "
+                f"step (max_num_batched_tokens), {-(-tokens // budget)} steps: --output-length N walks the "
+                f"engine's chunks"]
 
 
 def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: int = 1, ep: int = 1, execution: str = "engine",
@@ -88,7 +106,8 @@ def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: in
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     t = trace(spec, info.to_request(), options or TraceOptions())
     est = estimate(t, hw, execution, Parallelism(tp, ep, ep_style), engine)
-    memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_capacity_gb,
+    # one unit throughout, GB of 10^9 bytes: a datasheet's "80 GB" is 80 GiB (cost/profile.py memory_bytes)
+    memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_bytes / 1e9,
                              sequences=info.num_queries)
     return Result(spec.name, hw, config, info, t, est, memory)
 
@@ -110,21 +129,27 @@ def render(r: Result) -> str:
                if r.trace.image_tokens else []),
              "",
              f"{label}: {e.latency_s * 1e3:.3f} ms of kernels    throughput: {r.throughput:,.0f} tokens/s",
-             f"host launches: {e.host_s * 1e3:.3f} ms"
-             + ("  (HOST-BOUND: the step takes {:.3f} ms of wall time)".format(e.wall_s * 1e3)
-                if e.host_s > e.latency_s else ""),
+             *([f"host launches: {e.host_s * 1e3:.3f} ms"
+                + ("  (HOST-BOUND: the step takes {:.3f} ms of wall time)".format(e.wall_s * 1e3)
+                   if e.host_s > e.latency_s else "")] if e.host_s > 0 else []),   # an engine's graphs: none
              ""]
+    shown = lambda seconds: round(seconds * 1e3, 3) != 0   # noqa: E731 -- a zero row says nothing
     rows = [[c, f"{e.breakdown_s[c] * 1e3:.3f}", f"{e.breakdown_s[c] / e.latency_s * 100:.1f}%"]
-            for c in BREAKDOWN_CLASSES]
+            for c in BREAKDOWN_CLASSES if shown(e.breakdown_s[c])]
     lines.append(format_table(["class", "ms", "share"], rows))
     lines.append("")
-    lines.append(format_table(["bound", "ms"], [[b, f"{e.bound_s[b] * 1e3:.3f}"] for b in (COMPUTE, MEMORY, OVERHEAD)]))
+    lines.append(format_table(["bound", "ms"], [[b, f"{e.bound_s[b] * 1e3:.3f}"] for b in (COMPUTE, MEMORY, OVERHEAD)
+                                                if shown(e.bound_s[b])]))
     lines.append("")
     lines.append(format_table(["top ops", "class", "ms", "launches", "bound"],
                               [[n, c, f"{s * 1e3:.3f}", k, b] for n, c, s, k, b in e.top(8)]))
     lines.append("")
     g = m.as_gb()
-    lines.append(format_table(["memory per device", "GB"], [[k, f"{v:.2f}"] for k, v in g.items()]))
+    lines.append(format_table(["memory per device", "GB"], [[k, f"{v:.2f}"] for k, v in g.items()
+                                                             if f"{v:.2f}" != "0.00"
+                                                             or k in ("weights", "total", "capacity")],
+                              title="memory in GB of 10^9 bytes (the datasheet's capacity is GiB: "
+                                    f"{r.hw.memory_capacity_gb:g} GiB = {g['capacity']:.2f} GB)"))
     if not m.fits:
         lines.append(f"WARNING: needs {g['total']:.1f} GB per device but {r.hw.name} has {g['capacity']:.0f} GB: "
                      f"does not fit (raise --tp-size or lower the batch)")
@@ -185,7 +210,20 @@ def sweep(args, spec: ModelSpec, options, rates: list[float]) -> int:
 
 def check_work(args) -> None:
     """Bounded work, before the model is fetched or traced."""
-    MAX_TOKENS.check(args.context_length + args.query_length, "--context-length + --query-length")
+    MAX_TOKENS.check(args.context_length + args.query_length + (args.output_length or 0),
+                     "--context-length + --query-length + --output-length")
+    if args.output_length is not None:
+        for given, flag in ((args.decode, "--decode"), (args.context_length, "--context-length"),
+                            (args.prefix_cache_hit_rate, "--prefix-cache-hit-rate"),
+                            (args.sweep_prefix_cache_hit_rate is not None, "--sweep-prefix-cache-hit-rate")):
+            if given:
+                raise InputError(f"--output-length serves whole requests from their prompt (-q): {flag} is for "
+                                 f"the single-step modes")
+        MAX_BATCH_TOKENS.check(args.num_queries * (args.query_length + args.output_length),
+                               "--num-queries x (--query-length + --output-length)")
+    elif args.max_prefill_tokens is not None or args.max_running is not None or not args.chunked_prefill:
+        raise InputError("--max-prefill-tokens, --max-running and --no-chunked-prefill set the scheduler of "
+                         "--output-length")
     MAX_BATCH_TOKENS.check(args.num_queries * (args.query_length + (args.context_length if args.decode else 0)),
                            "--num-queries x tokens per sequence")
     if args.sweep_prefix_cache_hit_rate is not None:
@@ -200,13 +238,19 @@ def body(args) -> int:
     check_work(args)
     spec = model_spec(args)   # resolved (for a Hub id: fetched) once for every prediction below
     args.layout_warnings = check_layout_or_fail(spec.config, spec.name, Layout(tp=args.tp_size, ep=args.ep_size),
-                                                args.context_length + args.query_length, args.moe_imbalance).warnings
+                                                args.context_length + args.query_length + (args.output_length or 0),
+                                                args.moe_imbalance).warnings
+    if args.output_length is not None:
+        return whole(args, spec, options)
     if args.sweep_prefix_cache_hit_rate is not None:
         if args.decode:
             raise ValueError("--sweep-prefix-cache-hit-rate is for prefill, not --decode")
         return sweep(args, spec, options, args.sweep_prefix_cache_hit_rate)
     if args.decode and args.prefix_cache_hit_rate > 0:
         warn("--prefix-cache-hit-rate applies to prefill only; ignored for --decode (RFC 5.2)")
+    if args.decode and not args.context_given:
+        warn("--decode without --context-length prices a decode step over an empty KV cache (context 0); "
+             "give -c, or --output-length N for every decode step of whole requests")
     query = 1 if args.decode and args.query_length is None else args.query_length
     config = UserInputConfig(args.num_queries, query, args.context_length, args.decode, args.prefix_cache_hit_rate)
     result = predict(spec, args.device, config, args.tp_size, args.ep_size, args.execution, options,
@@ -215,6 +259,19 @@ def body(args) -> int:
         print(dumps_strict({**result.as_json(), "warnings": list(args.layout_warnings)}, indent=1))
     else:
         print(render(result))   # the layout's warnings went to stderr
+    return 0
+
+
+def whole(args, spec: ModelSpec, options) -> int:
+    r = whole_request.predict(spec, args.device, args.num_queries, args.query_length, args.output_length,
+                              args.tp_size, args.ep_size, args.execution, options, args.engine, args.ep_style,
+                              args.engine_release, args.max_prefill_tokens, args.max_running, args.chunked_prefill)
+    for warning in r.warnings:
+        warn(warning)
+    if args.json:
+        print(dumps_strict({**r.as_json(), "warnings": list(args.layout_warnings) + r.warnings}, indent=1))
+    else:
+        print(whole_request.render(r))
     return 0
 
 
@@ -233,10 +290,21 @@ def main(argv=None) -> int:
     p.add_argument("--num-queries", "-b", type=positive_int, default=1, help="sequences in the batch (default 1)")
     p.add_argument("--query-length", "-q", type=positive_int, default=None,
                    help="new tokens per sequence (default 2048 prefill, 1 decode)")
-    p.add_argument("--context-length", "-c", type=int, default=0,
+    p.add_argument("--context-length", "-c", type=int, default=None,
                    help=f"tokens already in the KV cache (default 0; context + query at most {MAX_TOKENS.default:,}, "
                         f"raised with {MAX_TOKENS.env})")
     p.add_argument("--decode", action="store_true", help="one decode step over the context")
+    p.add_argument("--output-length", "-n", type=positive_int, default=None, metavar="N",
+                   help="serve the -b requests of -q prompt tokens to N output tokens each: TTFT, TPOT, end-to-end "
+                        "latency and tokens/s of the batch, as `vllm bench latency` reports them")
+    p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
+                   help="with --output-length: tokens per engine step (the chunked-prefill budget; default: the "
+                        "engine's)")
+    p.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false", default=True,
+                   help="with --output-length: whole prompts per step, prefill and decode steps apart (vLLM's V0 "
+                        "scheduler, e.g. V0 on ROCm)")
+    p.add_argument("--max-running", type=positive_int, default=None,
+                   help="with --output-length: requests running at once (max_num_seqs; default: the engine's)")
     hits = p.add_mutually_exclusive_group()   # the sweep gives every rate itself
     hits.add_argument("--prefix-cache-hit-rate", type=hit_rate, default=0.0,
                       help="fraction of query tokens found in the prefix cache, in [0, 1) (default 0.0)")
@@ -249,6 +317,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_model_arguments(p)
     args = p.parse_args(argv)
+    args.context_given = args.context_length is not None
+    args.context_length = args.context_length or 0
     if args.query_length is None:
         args.query_length = 1 if args.decode else 2048
     if args.context_length < 0:

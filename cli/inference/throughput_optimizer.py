@@ -25,11 +25,12 @@ from serving.layouts import LayoutSpace, layouts
 from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
                             Searcher, Workload, layout_error)
+from serving import overload
+from serving.dollars import NO_PRICE, GpuPrice, gpu_price
 from serving.steady_state import Load
-from serving.verify import simulate_candidate
+from serving.verify import simulate_candidate, simulate_disagg_candidate
 from serving.workload import ARRIVALS
 from tracer.model_source import bundled_models
-from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
@@ -39,6 +40,7 @@ from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, 
                       quiet_broken_pipe, run_main, speculations, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
+from .optimizer_table import render
 from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
 from .pareto import ParetoPoint, by_hit_rate, frontier, plot
 from .shapes import ServingShapes, load_hit_rate_distribution
@@ -138,7 +140,10 @@ def optimize(args, on_progress=None) -> dict:
              f"{int(input_length * rate)} hit tokens hold none, so nothing is cached")
     workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens,
                         args.shared_prefix_kv, lengths)
-    limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat)
+    limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat, args.headroom)
+    if args.objective == "goodput" and not limits.any:
+        raise InputError("--objective goodput counts requests within the limits: give --ttft-limit and/or "
+                         "--tpot-limit")
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
                               release=args.engine_release)
     searcher = Searcher(spec, hw, options, workload, settings, limits)
@@ -184,7 +189,8 @@ def optimize(args, on_progress=None) -> dict:
                                                                  if srch.settings.speculation else ""))
         if mode == MIXED:
             best = load.kind == MAX and not load.requests
-            candidates.append(srch.best_rate(lay) if best else srch.mixed(lay, load))
+            search = srch.best_goodput if args.objective == "goodput" else srch.best_rate
+            candidates.append(search(lay) if best else srch.mixed(lay, load))
         else:
             replica = lay.gpus_per_replica
             for decode_tp in sorted({lay.tp} | {t.tp for t in plan if t.pp == 1 and not t.attention_dp}):
@@ -194,21 +200,21 @@ def optimize(args, on_progress=None) -> dict:
                 c = searcher.disagg(type(lay)(lay.tp, 1, 1, lay.ep, False, lay.ep_style), decode, num_devices,
                                     load.value if load.kind == RATE else None)
                 if c is not None:
-                    if load.kind == RATE and c.request_rate < load.value:
-                        c.meets_limits = False
-                        c.why_not.append(f"offered {load.value:g} requests/s exceeds the pools' "
-                                         f"{c.request_rate:.3g}")
                     candidates.append(c)
     if on_progress:
         on_progress(len(steps), len(steps), "done")
-    ranked = sorted(candidates, key=lambda c: (not c.meets_limits, -c.output_tokens_per_s))
-    feasible = [c for c in ranked if c.meets_limits]
+    overloads = [m for c in candidates for m in flag_overload(c, load)]
+    ranked = rank(candidates, args.objective)
     if args.verify:
         # a layout that sustains no load within the limits has no steady state to simulate
-        for c in [c for c in ranked if c.mode == MIXED and c.request_rate > 1e-6][:args.verify]:
+        for c in [c for c in ranked if c.request_rate > 1e-6][:args.verify]:
             if on_progress:
-                on_progress(len(steps), len(steps), f"simulating {c.layout.label}")
-            c.verified = simulate_candidate(searcher, c, load)
+                on_progress(len(steps), len(steps), f"simulating {c.mode} {c.layout.label}")
+            overrule(c, simulate_candidate(searcher, c, load) if c.mode == MIXED else
+                     simulate_disagg_candidate(searcher, c, load))
+        ranked = rank(candidates, args.objective)
+    feasible = [c for c in ranked if (c.goodput > 0 if args.objective == "goodput" else c.meets_limits)]
+    price = gpu_price(hw, args.gpu_hour_price)
     points = pareto_points(searcher, candidates, load, shapes, settings, limits, spec, hw, options)
     origin = searcher.cost(plan[0]).origin
     result = {
@@ -228,17 +234,24 @@ def optimize(args, on_progress=None) -> dict:
         # RFC 4.3: requests one prefill wave holds under the token budget (not a batch size anyone configured)
         "prefill_batch_size": shapes.prefill_batch_size,
         "hit_rate_distribution": [{"rate": r, "weight": w} for r, w in mix] if mix else None,
-        "limits": {"ttft_ms": args.ttft_limit, "tpot_ms": args.tpot_limit, "ttft_stat": args.limit_stat},
-        "best": _candidate_json(feasible[0], shapes) if feasible else {},
-        "candidates": [_candidate_json(c, shapes) for c in ranked[:args.top]],
-        "evaluated": len(candidates), "refused_layouts": refused, "warnings": list(report.warnings),
+        "limits": limits.as_json(), "objective": args.objective,
+        "best": _candidate_json(feasible[0], shapes, price) if feasible else {},
+        # the top candidates, and every one simulated (a simulation may have moved it below the top)
+        "candidates": [_candidate_json(c, shapes, price) for c in ranked[:args.top] +
+                       [c for c in ranked[args.top:] if c.verified]],
+        "price": {"usd_per_gpu_hour": price.usd_per_gpu_hour, "origin": price.origin} if price else None,
+        "price_note": price.note if price else NO_PRICE,
+        "evaluated": len(candidates), "refused_layouts": refused,
+        "warnings": list(report.warnings) + overloads + [m for c in ranked if c.verified
+                                                         for m in c.verified.get("overload", [])],
         "pareto": {("none" if rate is None else f"{rate:g}"): [p.as_json() for p in frontier(group)]
                    for rate, group in by_hit_rate(points).items()},
         "speculation": _speculation_summary(drafts, candidates),
     }
     if args.plot:
         plot(points, args.plot, args.ttft_limit, args.tpot_limit,
-             f"{spec.name} on {num_devices} x {hw.name}, input {shapes.input_length}, output {shapes.output_length}")
+             f"{spec.name} on {num_devices} x {hw.name}, input {shapes.input_length}, output {shapes.output_length}",
+             price.usd_per_gpu_hour if price else None)
     if args.emit and feasible:
         result["launch_command"] = launch_command(serving_layout(args, feasible[0], experts, hw), args.emit)
     if not feasible:
@@ -248,12 +261,47 @@ def optimize(args, on_progress=None) -> dict:
     return result
 
 
+def flag_overload(c: Candidate, load: Load) -> list[str]:
+    """A load the candidate cannot serve fails it, whatever the limits: an open-loop rate beyond what it serves,
+    more users than it runs at once. Returns the warnings, naming the layout."""
+    where = f" ({c.label})"
+    if load.kind == CONCURRENCY:
+        slots = c.max_num_seqs * (c.decode_instances if c.mode == DISAGG else c.layout.dp)
+        message = overload.users_beyond_slots(int(load.value), slots, where)
+    elif load.kind == RATE:
+        message = overload.rate_beyond_served(load.value, c.request_rate, where)
+    else:
+        message = None
+    if message is None:
+        return []
+    c.meets_limits = False
+    c.why_not = [w for w in c.why_not if not w.startswith("offered ")] + [message]
+    c.overload = True
+    return [message]
+
+
+def overrule(c: Candidate, verified: dict) -> None:
+    """Attach the simulation of a candidate; one that breaks a limit in the simulation does not meet the limits,
+    whatever the steady-state model said."""
+    c.verified = verified
+    if c.meets_limits and not verified["meets_limits"]:
+        c.meets_limits = False
+        c.why_not.append("simulated " + "; ".join(verified["why_not"]))
+
+
+def rank(candidates: list[Candidate], objective: str) -> list[Candidate]:
+    """Best first: by goodput, or by output tokens/s among those within the limits."""
+    if objective == "goodput":
+        return sorted(candidates, key=lambda c: (-c.goodput, -c.output_tokens_per_s))
+    return sorted(candidates, key=lambda c: (not c.meets_limits, -c.output_tokens_per_s))
+
+
 def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, shapes: ServingShapes, settings,
                   limits, spec, hw, options) -> list[ParetoPoint]:
     """Every candidate, plus (when searching for the best rate) each mixed layout at lower loads, where users
     get faster tokens for less throughput per GPU; with a hit rate, the same layouts without prefix hits."""
     def point(c: Candidate, rate: float | None) -> ParetoPoint:
-        return ParetoPoint(f"{c.mode} {c.layout.label}", c.mode, c.tokens_per_s_per_gpu, c.ttft_ms[limits.stat],
+        return ParetoPoint(c.label, c.mode, c.tokens_per_s_per_gpu, c.ttft_ms[limits.stat],
                            c.tpot_ms, c.meets_limits, rate)
     rate = shapes.prefix_cache_hit_rate if shapes.prefix_cache_hit_rate > 0 else None
     points = [point(c, rate) for c in candidates if c.tpot_ms > 0]
@@ -312,89 +360,13 @@ def _speculation_summary(drafts, candidates: list[Candidate]) -> dict | None:
     return {"setups": setups, "without_output_tokens_per_s": base, "winner": winner}
 
 
-def _candidate_json(c: Candidate, shapes: ServingShapes) -> dict:
+def _candidate_json(c: Candidate, shapes: ServingShapes, price: GpuPrice | None = None) -> dict:
     out = c.as_json()
+    out["dollars"] = price.of(c.gpus, c.output_tokens_per_s, c.total_tokens_per_s) if price else None
     out["prefill_batch_size"] = shapes.prefill_batch_size
     # how many requests the first prefill step actually takes: the wave capacity, or fewer when fewer run
     out["first_wave_requests"] = max(1, min(shapes.prefill_batch_size, math.ceil(c.running) or 1))
     return out
-
-
-def _layout_text(c: dict) -> str:
-    def one(d: dict) -> str:
-        s = f"TP{d['tp_size']}"
-        if d["pp_size"] > 1:
-            s += f" PP{d['pp_size']}"
-        if d["ep_size"] > 1:
-            s += f" EP{d['ep_size']}"
-        return s
-    if c["mode"] == DISAGG:
-        return f"P{c['prefill']['instances']}x({one(c['prefill'])}) D{c['decode']['instances']}x({one(c['decode'])})"
-    spec = f" +{c['speculation']}" if c.get("speculation") else ""
-    return one(c) + (f" ADP{c['dp_size']}" if c["attention_dp"] else f" DP{c['dp_size']}") + spec
-
-
-def render(r: dict) -> str:
-    load = r["load"]
-    load_text = (f"{load['requests']} requests at once" if load["kind"] == MAX and load.get("requests") else
-                 "max throughput within the limits" if load["kind"] == MAX else
-                 f"{load['value']:g} requests/s ({load['arrival']})" if load["kind"] == RATE else
-                 f"{load['value']:g} concurrent users")
-    head = (f"{r['model']} on {r['num_devices']} x {r['device']} ({r['engine'] or r['execution']}), {load_text}: "
-            f"input {r['input_length']} (cached prefix {r['cached_prefix_tokens']}, effective "
-            f"{r['effective_input_length']}), output {r['output_length']}, prefill budget {r['max_prefill_tokens']}")
-    stat = r["limits"]["ttft_stat"]
-    verified = any("verified" in c for c in r["candidates"])
-    rows = []
-    for c in r["candidates"]:
-        tpot = (c.get("tpot_stats_ms") or {}).get(stat, c["tpot_ms"])
-        row = [c["mode"], _layout_text(c), f"{c['batch_size']:.0f}", f"{c['request_rate']:.2f}",
-               f"{c['ttft_ms'][stat]:.1f}", f"{tpot:.2f}", f"{c['output_tokens_per_s']:,.0f}",
-               f"{c['output_tokens_per_s_per_gpu']:,.0f}", f"{c['tokens_per_s_per_user']:.1f}"]
-        if verified:
-            v = c.get("verified")
-            ttft = v["ttft_ms"][stat] if v else None     # None: no request finished in the simulation
-            sim_tpot = (v.get("tpot_q_ms") or {}).get(stat, v["tpot_ms"]) if v else None
-            row += [f"{ttft:.1f}" if ttft is not None else "-", f"{sim_tpot:.2f}" if ttft is not None else "-",
-                    f"{v['output_tokens_per_s']:,.0f}" if ttft is not None else "-"]
-        row.append("yes" if c["meets_limits"] else "; ".join(c["why_not"]))
-        rows.append(row)
-    header = ["mode", "layout", "batch", "req/s", f"TTFT {stat} ms", f"TPOT {stat} ms", "tokens/s", "tokens/s/GPU",
-              "tokens/s/user"]
-    if verified:
-        header += ["sim TTFT", "sim TPOT", "sim tokens/s"]
-    table = format_table(header + ["meets limits"], rows)
-    head += f"\n{r['lengths']}"
-    if r["best"]:
-        b = r["best"]
-        tail = (f"best: {b['mode']} {_layout_text(b)}: {b['output_tokens_per_s']:,.0f} output tokens/s "
-                f"({b['output_tokens_per_s_per_gpu']:,.0f} per GPU) at {b['request_rate']:.2f} requests/s, "
-                f"TTFT {stat} {b['ttft_ms'][stat]:.1f} ms, TPOT {stat} "
-                f"{(b.get('tpot_stats_ms') or {}).get(stat, b['tpot_ms']):.2f} ms, "
-                f"{b['batch_size']:.0f} running")
-        pct = b.get("tpot_stats_ms") or {}
-        if pct:
-            tail += ("\n      TTFT p50 / p90 / p99 " + " / ".join(f"{b['ttft_ms'][k]:.1f}" for k in ("p50", "p90", "p99"))
-                     + " ms, TPOT p50 / p90 / p99 " + " / ".join(f"{pct[k]:.2f}" for k in ("p50", "p90", "p99"))
-                     + " ms" + (f", {b['queue_ms']:.1f} ms mean wait for a slot" if b.get("queue_ms", 0) >= 0.05
-                                else ""))
-    else:
-        tail = f"no feasible layout: {r['why_no_feasible_layout']}"
-    notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
-                    "priced" in n})
-    notes = [n for n in origin_notes(r["origin"]) if n not in notes] + notes
-    refused = [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()]
-    spec = r.get("speculation")
-    if spec:
-        parts = [f"{s['setup']} ({s['tokens_per_step']:.2f} tokens/step): "
-                 + (f"{s['best_output_tokens_per_s']:,.0f}" if s["best_output_tokens_per_s"] else "none within limits")
-                 for s in spec["setups"]]
-        base = spec["without_output_tokens_per_s"]
-        tail += ("\nspeculation, best output tokens/s within the limits: without "
-                 + (f"{base:,.0f}" if base else "none") + "; " + "; ".join(parts)
-                 + (f"; winner: {spec['winner']}" if spec["winner"] else ""))
-    first = [r["origin"]["headline"]] if r["origin"]["headline"] else []
-    return "\n".join(first + [head, "", table, "", tail] + [f"note: {n}" for n in notes + refused])
 
 
 def body(args) -> int:
@@ -406,7 +378,7 @@ def body(args) -> int:
     if args.json:
         print(dumps_strict(result, indent=1))
     else:
-        print(render(result))
+        print(render(result, args.wide, origin_notes(result["origin"])))
         if "launch_command" in result:
             print(f"\n{result['launch_command']}", end="")
     return 0
@@ -433,6 +405,16 @@ def _top(text: str) -> int:
     value = positive_int(text)
     if value > MAX_TOP:
         raise ValueError(f"must be <= {MAX_TOP}, got {text}")
+    return value
+
+
+def _headroom(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"must be a number, got '{text}'") from None
+    if not (0 <= value < 1):
+        raise ValueError(f"must be in [0, 1), got {text}")
     return value
 
 
@@ -493,6 +475,15 @@ def main(argv=None) -> int:
                    help="time-per-output-token limit in ms (inf: no limit)")
     p.add_argument("--limit-stat", default="mean", choices=STATS,
                    help="the TTFT and TPOT statistic the limits apply to, over requests (default mean)")
+    p.add_argument("--headroom", type=typed(_headroom), default=0.0, metavar="F",
+                   help="keep this share below each limit (0.1: aim at 90%% of it; default 0)")
+    p.add_argument("--objective", default="throughput", choices=["throughput", "goodput"],
+                   help="rank by output tokens/s within the limits (default), or by goodput: requests/s that "
+                        "finish within every limit, as vllm bench serve --goodput counts them")
+    p.add_argument("--gpu-hour-price", type=typed(_positive_float), default=None, metavar="USD",
+                   help="rent per GPU-hour for $/hour and $ per million tokens (default: the device profile's "
+                        "price, where it states one)")
+    p.add_argument("--wide", action="store_true", help="every column, and the full reasons a candidate fails")
     p.add_argument("--max-prefill-tokens", type=positive_int, default=None,
                    help="tokens per engine step (the chunked-prefill budget; default: the engine's)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None,
