@@ -83,22 +83,25 @@ def static_batch(cost: StepCost, batch: int, prompt: int, output: int, max_batch
         raise ValueError("batch, prompt, output, max_batched_tokens and max_num_seqs must be >= 1")
     computed = [0] * batch          # tokens with KV
     generated = [0] * batch
+    # a speculative step (serving/speculative.py) gains each decoding request its mean accepted tokens
+    gain = cost.tokens_per_step
     ttft, finish = [0.0] * batch, [0.0] * batch
     waiting, running = deque(range(batch)), []
     steps, clock = [], 0.0
     while waiting or running:
         chunks, decodes = (_schedule_chunked if chunked else _schedule_whole)(
             computed, prompt, running, waiting, max_batched_tokens, max_num_seqs)
-        context = sum(computed[i] for i in decodes)
+        context = round(sum(computed[i] for i in decodes))
         shapes = tuple((n, computed[i]) for i, n in chunks)
         seconds = cost.step(list(shapes), len(decodes), context // len(decodes) if decodes else 0)
         clock += seconds
         steps.append(BatchStep(shapes, len(decodes), context // len(decodes) if decodes else 0, seconds))
         done = []
         for i in decodes:
-            computed[i] += 1
-            generated[i] += 1
-            if generated[i] == output:
+            step_gain = min(gain, output - generated[i])
+            computed[i] += step_gain
+            generated[i] += step_gain
+            if generated[i] >= output - 1e-9:
                 done.append(i)
         for i, n in chunks:
             computed[i] += n

@@ -126,3 +126,24 @@ def test_simulated_batches_carry_mixed_progress_and_agree_with_the_steady_state(
     model = solve(step.steady, prompt, out, 0, Load(MAX, requests=n), limits, tokens_per_step=step.tokens_per_step)
     simulated = sum(tpots) / len(tpots)
     assert abs(model.tpot_s / simulated - 1) < 0.08, (model.tpot_s, simulated)
+
+
+def test_text_generate_and_serving_sim_take_a_speculative_setup(capsys):
+    from cli.inference.serving_sim import main as sim_main
+    from cli.inference.text_generate import main as tg_main
+    base = ["llama-3.2-1b", "--device", "h100", "-b", "4", "-q", "256", "--output-length", "64", "--json"]
+    assert tg_main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert tg_main(base + ["--speculative", "eagle3", "--num-speculative-tokens", "3", "--acceptance-rate", "0.7"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["tpot_ms"]["mean"] < plain["tpot_ms"]["mean"] / 1.3
+    assert any("eagle3 k=3" in n for n in spec["notes"])
+    assert tg_main(["llama-3.2-1b", "--device", "h100", "--decode", "-c", "100", "--speculative", "ngram",
+                    "--acceptance-rate", "0.5"]) == 2
+    assert "add --output-length" in capsys.readouterr().err
+    assert sim_main(["llama-3.2-1b", "--device", "h100", "--workload", "multi-turn-chat", "--num-requests", "20",
+                     "--request-rate", "2", "--speculative", "ngram", "--acceptance-rate", "0.5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["speculation"].startswith("speculative decoding: ngram k=1")
+    assert sim_main(["llama-3.2-1b", "--device", "h100", "--workload", "multi-turn-chat", "--num-requests", "20",
+                     "--request-rate", "2", "--num-speculative-tokens", "2"]) == 2

@@ -29,6 +29,7 @@ from . import disagg_run
 from .config import InputError
 from serving.dollars import NO_PRICE, gpu_price
 from serving.simulator import ServerConfig, StepCost, simulate
+from serving.speculative import speculative_step
 from serving.lengths import bundled_sets, read_lengths
 from serving.traces import MAX_ARRIVAL_S, load_jsonl, load_mooncake
 from serving.verify import fixed_requests
@@ -38,6 +39,7 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from ..common import (MAX_BATCH_TOKENS, MAX_REQUESTS, MAX_RUNNING, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser,
+                      add_speculation_arguments, speculations,
                       Layout, add_device_arguments, add_model_arguments, check_layout_or_fail, check_plot_path,
                       dumps_strict, finite_float, load_device, model_spec, origin_notes, positive_int,
                       quiet_broken_pipe, run_main, trace_options, warn)
@@ -198,7 +200,16 @@ def run(args) -> dict:
     report = check_layout_or_fail(spec.config, spec.name, Layout(tp=args.tp_size),
                                   max(r.prompt_tokens + r.output_tokens for r in requests), args.moe_imbalance)
     config = server_config(args, spec, hw, options)
-    cost = StepCost(spec, hw, options, args.execution, args.tp_size, args.engine, release=args.engine_release)
+    drafts = speculations(args)
+    if len(drafts) > 1:
+        raise InputError("serving_sim simulates one --num-speculative-tokens (the optimizer searches several)")
+    if drafts and args.disagg:
+        raise InputError("--speculative is not simulated with --disagg")
+    cost = speculative_step(StepCost(spec, hw, options, args.execution, args.tp_size, args.engine,
+                                     release=args.engine_release), drafts[0] if drafts else None)
+    if drafts:   # the draft's weights and KV take their share of the cache
+        plain, ours = cost.target.replica_memory(config.max_prefill_tokens), cost.replica_memory(config.max_prefill_tokens)
+        config = replace(config, gpu_blocks=max(1, int(config.gpu_blocks * ours.kv_tokens / max(1, plain.kv_tokens))))
     if args.disagg:
         price = gpu_price(hw, args.gpu_hour_price)
         d = disagg_run.run(args, spec, hw, options, requests, config, cost, price)
@@ -230,6 +241,7 @@ def run(args) -> dict:
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
            "origin": cost.origin.as_json(),
+           "speculation": cost.speculation.describe() if cost.speculation is not None else None,
            "load": _load_label(args), "runs": {k: results[k] for k in runs},
            "warnings": list(report.warnings) + [m for k in runs for m in results[k]["overload"]],
            "lengths": args.lengths.describe() if args.lengths else None,
@@ -332,6 +344,8 @@ def render(out: dict) -> str:
             title="hit rate vs GPU cache capacity")
     for message in sorted({m for r in runs.values() for m in r["overload"]}):
         text += f"\nwarning: {message}"
+    if out.get("speculation"):
+        text += f"\nnote: {out['speculation']} (each request's accepted tokens drawn per step)"
     for note in origin_notes(out["origin"]):
         text += f"\nnote: {note}"
     text += f"\nnote: {out['price_note']}"
@@ -406,6 +420,7 @@ def main(argv=None) -> int:
     p = ArgumentParser(prog="serving-sim", description=__doc__.split("\n")[0])
     p.add_argument("model", help="bundled model name, folder or config.json path, or HF id in the local cache")
     add_device_arguments(p)
+    add_speculation_arguments(p)
     p.add_argument("--tp-size", type=positive_int, default=1, help="tensor-parallel degree per instance (default 1)")
     p.add_argument("--workload", default=None,
                    help=f"a preset ({', '.join(PRESETS)}), a JSONL trace file, or mooncake:FILE (a Mooncake trace)")

@@ -20,8 +20,9 @@ from tracer.trace import trace
 from tracer.work import Trace
 
 from ..common import (MAX_BATCH_TOKENS, MAX_SWEEP, MAX_TOKENS, ArgumentParser, Layout, add_device_arguments,
-                      add_model_arguments, check_layout_or_fail, check_plot_path, dumps_strict, hit_rate, model_spec,
-                      positive_int, quiet_broken_pipe, run_main, trace_options, warn)
+                      add_model_arguments, add_speculation_arguments, check_layout_or_fail, check_plot_path,
+                      dumps_strict, hit_rate, model_spec, positive_int, quiet_broken_pipe, run_main, speculations,
+                      trace_options, warn)
 from ..progress import Progress
 from .config import InputError, RequestInfo, UserInputConfig
 from .memory import MemoryEstimate, estimate_memory
@@ -240,6 +241,13 @@ def body(args) -> int:
     args.layout_warnings = check_layout_or_fail(spec.config, spec.name, Layout(tp=args.tp_size, ep=args.ep_size),
                                                 args.context_length + args.query_length + (args.output_length or 0),
                                                 args.moe_imbalance).warnings
+    drafts = speculations(args)
+    if len(drafts) > 1:
+        raise InputError("text_generate prices one --num-speculative-tokens (the optimizer searches several)")
+    if drafts and args.output_length is None:
+        raise InputError("--speculative prices whole requests: add --output-length N (every decode step then "
+                         "verifies k + 1 tokens per request)")
+    args.speculation = drafts[0] if drafts else None
     if args.output_length is not None:
         return whole(args, spec, options)
     if args.sweep_prefix_cache_hit_rate is not None:
@@ -265,7 +273,8 @@ def body(args) -> int:
 def whole(args, spec: ModelSpec, options) -> int:
     r = whole_request.predict(spec, args.device, args.num_queries, args.query_length, args.output_length,
                               args.tp_size, args.ep_size, args.execution, options, args.engine, args.ep_style,
-                              args.engine_release, args.max_prefill_tokens, args.max_running, args.chunked_prefill)
+                              args.engine_release, args.max_prefill_tokens, args.max_running, args.chunked_prefill,
+                              args.speculation)
     for warning in r.warnings:
         warn(warning)
     if args.json:
@@ -287,6 +296,7 @@ def main(argv=None) -> int:
     p = ArgumentParser(prog="text-generate", description=__doc__.split("\n")[0])
     p.add_argument("model", help="bundled model name, folder or config.json path, or Hugging Face Hub id")
     add_device_arguments(p)
+    add_speculation_arguments(p)
     p.add_argument("--num-queries", "-b", type=positive_int, default=1, help="sequences in the batch (default 1)")
     p.add_argument("--query-length", "-q", type=positive_int, default=None,
                    help="new tokens per sequence (default 2048 prefill, 1 decode)")

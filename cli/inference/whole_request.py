@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from cost.estimate import Parallelism
 from cost.profile import HardwareProfile, load_profile
 from serving.batch_latency import BatchLatency, static_batch
+from serving.speculative import Speculation, speculative_step
 from serving.step_cost import StepCost
 from tracer.model_source import ModelSpec
 from tracer.table import format_table
@@ -74,9 +75,13 @@ class WholeRequest:
 
 def predict(spec: ModelSpec, device: str, batch: int, prompt: int, output: int, tp: int, ep: int, execution: str,
             options, engine: str, ep_style: str, release: str | None = None, max_batched_tokens: int | None = None,
-            max_num_seqs: int | None = None, chunked_prefill: bool = True) -> WholeRequest:
+            max_num_seqs: int | None = None, chunked_prefill: bool = True,
+            speculation: Speculation | None = None) -> WholeRequest:
     hw = load_profile(device)
-    cost = StepCost(spec, hw, options, execution, Parallelism(tp, ep, ep_style), engine, release=release)
+    if speculation is not None and execution != "engine":
+        raise InputError("--speculative prices a serving engine's steps: use --execution engine")
+    cost = speculative_step(StepCost(spec, hw, options, execution, Parallelism(tp, ep, ep_style), engine,
+                                     release=release), speculation)
     d = cost.defaults
     tokens, seqs = max_batched_tokens or d.max_batched_tokens, max_num_seqs or d.max_num_seqs
     chunked = (d.chunked_prefill and chunked_prefill) or (chunked_prefill and prompt > tokens)
