@@ -40,14 +40,10 @@ def fit_status(hw, engine: str) -> str:
             + (" scaled" if scaled else ""))
 
 
-def _engine_summary(hw, wide: bool = False) -> str:
+def _engine_summary(hw) -> str:
     """Each engine's fit on the device (python -m hw_profiles NAME gives its provenance)."""
     from cost.engines import ENGINES
-    if wide:
-        return ", ".join(f"{name} {fit_status(hw, name)}" for name in ENGINES)
-    short = {"sglang": "sgl", "trtllm": "trt"}
-    return " ".join(f"{short.get(name, name)}:{fit_status(hw, name).replace('from ', '<').replace(' scaled', '~')}"
-                    for name in ENGINES)
+    return ", ".join(f"{name} {fit_status(hw, name)}" for name in ENGINES)
 
 
 @quiet_broken_pipe
@@ -87,13 +83,14 @@ def show(args) -> int:
              f"{hw.memory_bandwidth_gbps / 1000:g}", f"{hw.memory_capacity_gb:g}",
              f"{hw.interconnect_bandwidth_gbps:g}", f"{hw.scale_up_gpus}", f"{hw.host_link_bandwidth_gbps:g}",
              f"{hw.gpu_hour_usd:g}" if hw.gpu_hour_usd else "-",
-             "fitted" if hw.efficiency.origin.startswith("fitted") else "from h200",
-             _engine_summary(hw, args.wide)] for hw in profiles]
+             *(["fitted" if hw.efficiency.origin.startswith("fitted") else "from h200"] if args.wide else []),
+             _engine_summary(hw)] for hw in profiles]
     print(format_table(["key", *(["name", "aliases"] if args.wide else []), "bf16 TF/s", "fp8 TF/s", "HBM TB/s",
-                        "GiB", "link GB/s", "domain", "host GB/s", "$/GPU-h", "eager fit", "engine kernels"], rows,
+                        "GiB", "link GB/s", "domain", "host GB/s", "$/GPU-h", *(["eager fit"] if args.wide else []),
+                        "engine kernels (fit per engine)"], rows,
                        title="dense matrix peaks (no sparsity); link: per direction; domain: GPUs one link domain "
-                             "joins; GiB: memory capacity\n$/GPU-h: the profile's rent; engine kernels: fitted, "
-                             "<carried over from that profile, ~ scaled; --wide adds names, aliases, provenance"))
+                             "joins; GiB: memory capacity\n$/GPU-h: the profile's rent; engine kernels: fitted, or "
+                             "carried over from that profile; --wide adds names, aliases and the eager fit"))
     others = [f"{hw.key}:{name}" for hw in profiles if not hw.topology for name in hw.topologies]
     if others and not args.device:
         print(f"\nother server topologies (--device NAME:TOPOLOGY): {', '.join(others)}")

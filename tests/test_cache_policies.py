@@ -82,7 +82,7 @@ def test_vllm_preempts_the_newest_request_and_recomputes_it():
     reqs = [SimRequest(i, 0.0, 64, 40, segments=[(f"p{i}", 64)]) for i in range(2)]
     # 10 usable blocks: both 4-block prompts are admitted at once (reserving prompt + output would need 14);
     # their decodes then outgrow the pool and the newer one is preempted
-    res = simulate(reqs, cost, ServerConfig(block_size=16, gpu_blocks=11, block_bytes=1))
+    res = simulate(reqs, cost, ServerConfig(block_size=16, gpu_blocks=11, block_bytes=1, api_server=False))
     assert res.completed == 2 and res.preemptions >= 1 and res.recomputed_tokens > 0
     assert [r.admit_s for r in res.records] == [0.0, 0.0]
     assert sorted(r.preemptions for r in res.records) == [0, res.preemptions]

@@ -101,8 +101,8 @@ def test_burst_concurrency_and_batch_rows_become_their_loads():
 
 @pytest.mark.parametrize("change, reason", [
     ({"model": "org/unknown"}, "is not bundled"),
-    ({"gpu": "GH200-144GB"}, "no profile for GH200-144GB"),
-    ({"spec_decode": {"method": "EAGLE3"}}, "speculative decoding"),
+    ({"gpu": "Gaudi3-128GB"}, "no profile for Gaudi3-128GB"),
+    ({"spec_decode": {"method": "EAGLE3"}}, "speculative tokens per step not stated"),
     ({"isl": None}, "lengths not stated"),
     ({"precision": "bitsandbytes"}, "not modelled"),
 ])

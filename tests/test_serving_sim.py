@@ -157,7 +157,7 @@ def test_cli_json_and_errors(tmp_path, capsys):
 def test_without_prefix_caching_identical_prompts_hold_their_own_blocks(cost):
     reqs = shared_prompt(4, prompt=1024, user=16, out=4)
     per_request = -(-(1024 + 16 + 4) // 16)
-    cfg = ServerConfig(block_size=16, gpu_blocks=100_000, block_bytes=1, prefix_caching=False)
+    cfg = ServerConfig(block_size=16, gpu_blocks=100_000, block_bytes=1, prefix_caching=False, api_server=False)
     res = simulate(reqs, cost, cfg)
     assert res.reused_tokens == 0 and res.gpu_used_peak == 4 * per_request
     shared = simulate(shared_prompt(4, prompt=1024, user=16, out=4), cost, ServerConfig(block_size=16,

@@ -29,7 +29,7 @@ def test_walk_matches_the_event_simulation(cost, batch, prompt, output, budget, 
     walk = static_batch(cost, batch, prompt, output, budget, running)
     sim = simulate([SimRequest(i, 0.0, prompt, output) for i in range(batch)], cost,
                    ServerConfig(gpu_blocks=10**6, max_prefill_tokens=budget, max_running=running,
-                                prefix_caching=False))
+                                prefix_caching=False, api_server=False))   # benchmark_latency: no HTTP server
     assert len(sim.records) == batch
     assert walk.latency_s == pytest.approx(max(r.finish_s for r in sim.records), rel=0.02)
     assert walk.stats(walk.ttft_s)["mean"] == pytest.approx(statistics.fmean(r.ttft_s for r in sim.records), rel=0.02)
