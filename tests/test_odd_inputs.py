@@ -83,7 +83,8 @@ def test_block_larger_than_the_hit_tokens_warns(capsys):
                                       "--prefix-cache-block-size", "4096", "--json"]) == 0
     captured = capsys.readouterr()
     assert "nothing is cached" in captured.err
-    assert json.loads(captured.out)["cached_prefix_tokens"] == 0
+    out = json.loads(captured.out)
+    assert out["cached_prefix_tokens"] == 0 and any("nothing is cached" in w for w in out["warnings"])
 
 
 def test_hit_rate_distribution_states_that_its_mean_is_priced(tmp_path, capsys):
@@ -93,7 +94,8 @@ def test_hit_rate_distribution_states_that_its_mean_is_priced(tmp_path, capsys):
     assert throughput_optimizer.main([*argv, "--request-rate", "5", "--json"]) == 0
     captured = capsys.readouterr()
     assert "mean hit rate 0.5" in captured.err and "not modelled" in captured.err
-    assert json.loads(captured.out)["prefix_cache_hit_rate"] == pytest.approx(0.5)
+    out = json.loads(captured.out)
+    assert out["prefix_cache_hit_rate"] == pytest.approx(0.5) and any("mean hit rate" in w for w in out["warnings"])
     assert "not allowed with" in refused(throughput_optimizer.main, [*argv, "--prefix-cache-hit-rate", "0.2"], capsys)
 
 
