@@ -43,3 +43,12 @@ def test_git_traces_over_a_cached_context(tmp_path):
             t.checks
         keys = {op.attention.context_length + op.attention.query_length for op in t.ops if op.attention is not None}
         assert keys == {request.seq_len}
+
+
+def test_a_trace_without_attention_or_recurrent_ops_is_refused():
+    from tracer import Request
+    from tracer.checks import context_problems
+    from tracer.work import OTHER, VECTOR, Op
+    elementwise = Op(name="aten.mul", op_class=OTHER, unit=VECTOR, flops=1.0, bytes_read=1.0, bytes_written=1.0,
+                     dtype="bf16", module="model.layers.0.mixer", module_type="Mixer")
+    assert "no attention or recurrent op" in context_problems([elementwise], Request(1, 4, 8))[0]

@@ -5,7 +5,7 @@
   computed. It fails when layers are skipped or counted twice, when experts run dense, when attention or a
   recurrent mixer is computed as plain matrix products, or when the LM head runs on every token.
 - Attention sees the cache: every causal attention op attends over the request's whole context, and every
-  recurrent op continues a cached state when there is context.
+  recurrent op continues a cached state when there is context; a trace with neither op mixes no tokens.
 - Layer dedup self-test: the first time a model class (with a given layer pattern) is traced, a short prefill over
   a cached context is traced with and without dedup; any difference turns dedup off for that class (and says so).
 """
@@ -221,7 +221,10 @@ def _per_token_mixing(op, tokens: int) -> bool:
 
 
 def context_problems(ops, request: Request) -> list[str]:
-    """Attention that does not see the cache, recurrent layers that do not continue their state."""
+    """Attention that does not see the cache, recurrent layers that do not continue their state, or no sequence
+    mixing at all (a mixer computed elementwise, which the FLOP identity cannot see: it has no weights)."""
+    if not any(op.attention is not None or op.state is not None for op in ops):
+        return ["no attention or recurrent op was traced, so the mixing across tokens is not priced"]
     problems = []
     for op in ops:
         w = op.attention

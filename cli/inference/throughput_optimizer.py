@@ -113,16 +113,16 @@ def check_flags(args) -> None:
         MAX_TOKENS.check(args.prefix_cache_block_size, "--prefix-cache-block-size")
 
 
-def _hit_rate(args) -> tuple[float, list | None]:
-    """(hit rate priced, the distribution's bins or None)."""
+def _hit_rate(args, warnings: list[str]) -> tuple[float, list | None]:
+    """(hit rate priced, the distribution's bins or None); what is approximated goes to `warnings`."""
     if not args.prefix_cache_hit_rate_distribution:
         return args.prefix_cache_hit_rate, None
     mix = load_hit_rate_distribution(args.prefix_cache_hit_rate_distribution)
     rate = sum(r * w for r, w in mix)
     if len(mix) > 1:   # one priced rate: a request's own hit rate does not move its latency here
-        warn(f"--prefix-cache-hit-rate-distribution: every request is priced at the mean hit rate {rate:.3g}; "
-             f"the spread of the {len(mix)} bins (from {mix[0][0]:.3g} to {mix[-1][0]:.3g}) is not modelled, so "
-             f"latency percentiles do not include it")
+        warnings.append(f"--prefix-cache-hit-rate-distribution: every request is priced at the mean hit rate "
+                        f"{rate:.3g}; the spread of the {len(mix)} bins (from {mix[0][0]:.3g} to {mix[-1][0]:.3g}) "
+                        f"is not modelled, so latency percentiles do not include it")
     return rate, mix
 
 
@@ -130,14 +130,17 @@ def optimize(args, on_progress=None) -> dict:
     check_flags(args)
     spec, hw, options = model_spec(args), load_device(args), trace_options(args)
     num_devices = _num_devices(args, hw)
-    rate, mix = _hit_rate(args)
+    flag_warnings: list[str] = []
+    rate, mix = _hit_rate(args, flag_warnings)
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     budget = args.max_prefill_tokens or defaults.max_batched_tokens
     input_length, output_length, lengths = _lengths(args)
     shapes = ServingShapes(input_length, output_length, rate, budget, args.prefix_cache_block_size)
     if args.prefix_cache_block_size > int(input_length * rate) > 0:
-        warn(f"--prefix-cache-block-size {args.prefix_cache_block_size}: hits count in whole blocks, and the "
-             f"{int(input_length * rate)} hit tokens hold none, so nothing is cached")
+        flag_warnings.append(f"--prefix-cache-block-size {args.prefix_cache_block_size}: hits count in whole "
+                             f"blocks, and the {int(input_length * rate)} hit tokens hold none, so nothing is cached")
+    for message in flag_warnings:
+        warn(message)
     workload = Workload(shapes.input_length, shapes.output_length, shapes.cached_prefix_tokens,
                         args.shared_prefix_kv, lengths)
     limits = LatencyLimits(args.ttft_limit, args.tpot_limit, args.limit_stat, args.headroom)
@@ -242,7 +245,7 @@ def optimize(args, on_progress=None) -> dict:
         "price": {"usd_per_gpu_hour": price.usd_per_gpu_hour, "origin": price.origin} if price else None,
         "price_note": price.note if price else NO_PRICE,
         "evaluated": len(candidates), "refused_layouts": refused,
-        "warnings": list(report.warnings) + overloads + [m for c in ranked if c.verified
+        "warnings": flag_warnings + list(report.warnings) + overloads + [m for c in ranked if c.verified
                                                          for m in c.verified.get("overload", [])],
         "pareto": {("none" if rate is None else f"{rate:g}"): [p.as_json() for p in frontier(group)]
                    for rate, group in by_hit_rate(points).items()},
@@ -398,7 +401,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-MAX_TOP = 1000   # more candidates than a search of MAX_DEVICES GPUs evaluates: a larger --top is a typo
+MAX_TOP = 1000   # a typo guard, as the work limits are: --top 10^9 was taken silently
 
 
 def _top(text: str) -> int:
