@@ -70,7 +70,8 @@ def server_config(args, spec, hw, options) -> ServerConfig:
                         cpu_blocks=int(args.cpu_cache_gb * 1e9 // block_bytes), gpus_per_instance=args.tp_size,
                         max_prefill_tokens=args.max_prefill_tokens, max_running=args.max_running,
                         block_bytes=block_bytes, host_link_bytes_per_s=hw.host_link_bandwidth_gbps * 1e9,
-                        cache_policy=args.cache_policy, instances=args.instances, routing=args.routing)
+                        cache_policy=args.cache_policy, instances=args.instances, routing=args.routing,
+                        api_server=args.api_server)
 
 
 def _positive_gb(text: str, flag: str) -> float:
@@ -421,6 +422,9 @@ def main(argv=None) -> int:
     p.add_argument("model", help="bundled model name, folder or config.json path, or HF id in the local cache")
     add_device_arguments(p)
     add_speculation_arguments(p)
+    p.add_argument("--no-api-server", dest="api_server", action="store_false", default=True,
+                   help="requests reach the engine directly (an offline LLM(...) run), not through its HTTP "
+                        "server's one-at-a-time intake (the engine's fitted frontend_ms; docs/engines.md)")
     p.add_argument("--tp-size", type=positive_int, default=1, help="tensor-parallel degree per instance (default 1)")
     p.add_argument("--workload", default=None,
                    help=f"a preset ({', '.join(PRESETS)}), a JSONL trace file, or mooncake:FILE (a Mooncake trace)")
