@@ -64,3 +64,17 @@ def test_simulator_and_steady_state_agree_on_a_paced_burst():
     off = simulate(requests, cost, ServerConfig(max_running=256, max_prefill_tokens=8192, prefix_caching=False,
                                                 gpu_blocks=200_000, api_server=False))
     assert max(r.finish_s for r in off.records) < 0.7 * sim_makespan
+
+
+def test_serving_sim_takes_requests_through_the_server_unless_told(capsys):
+    import json
+    from cli.inference.serving_sim import main
+    argv = ["llama-3.2-1b", "--device", "h100", "--workload", "multi-turn-chat", "--num-requests", "40",
+            "--request-rate", "2", "--json"]
+    assert main(argv) == 0
+    served = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--no-api-server"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    ttft = [list(r["runs"].values())[0]["ttft_ms"]["mean"] for r in (served, direct)]
+    frontend = StepCost(resolve_model("llama-3.2-1b"), load_profile("h100"), TraceOptions(), "engine", 1).overheads.frontend_ms
+    assert frontend > 0 and ttft[0] - ttft[1] >= 0.9 * frontend
