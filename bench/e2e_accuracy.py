@@ -12,6 +12,7 @@ TTFT, TPOT (mean ITL where the row reports that) and output tokens/s.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import sys
 import time
@@ -114,6 +115,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-limits", action="store_true",
                    help="skip the highest-rate-within-p99-limits check of the MLPerf Server/Interactive rows")
     p.add_argument("--jobs", type=positive_int, default=1, help="processes pricing rows in parallel (default 1)")
+    p.add_argument("--mean-lengths", action="store_true",
+                   help="price every row at its dataset's mean lengths, not its bundled per-request length set "
+                        "(how much the distribution changes the answer)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     missing = [d for d in args.data if not Path(d).is_file()]
@@ -130,6 +134,8 @@ def main(argv=None) -> int:
         return 2
     if args.sample > 1:
         runs = runs[::args.sample]
+    if args.mean_lengths:
+        runs = [replace(r, lengths=None) for r in runs]
     t0 = time.time()
     predictor = Predictor()
     rows = predict_all(runs, predictor, ServingOverheads() if args.overheads == "defaults" else None,
