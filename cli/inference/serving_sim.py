@@ -32,9 +32,10 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (load_device, origin_notes, MAX_REQUESTS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser, Layout, add_device_arguments,
+from ..common import (MAX_REQUESTS, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser, Layout, add_device_arguments,
                       add_model_arguments, check_layout_or_fail, check_plot_path, dumps_strict, finite_float,
-                      model_spec, positive_int, quiet_broken_pipe, run_main, trace_options, warn)
+                      load_device, model_spec, origin_notes, positive_int, quiet_broken_pipe, run_main,
+                      trace_options, warn)
 from ..progress import Progress
 from .memory import kv_heads
 

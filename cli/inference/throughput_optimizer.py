@@ -32,8 +32,8 @@ from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (load_device, origin_notes, ArgumentParser, add_device_arguments, add_model_arguments, dumps_strict, hit_rate, model_spec,
-                      positive_int, quiet_broken_pipe, run_main, trace_options, warn)
+from ..common import (ArgumentParser, add_device_arguments, add_model_arguments, dumps_strict, hit_rate, load_device,
+                      model_spec, origin_notes, positive_int, quiet_broken_pipe, run_main, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
 from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
