@@ -93,8 +93,10 @@ def test_fleet_profiles_load_with_a_source_per_number(key):
     assert "fp8" not in hw.matrix_tflops or hw.matrix_tflops["fp8"] >= hw.matrix_tflops["bf16"]
     # without a fit of its own the profile names its nearest fitted sibling, and every engine says so
     assert "from" in raw["efficiency"] and hw.efficiency.origin.startswith("carried over")
-    if key == "gb200":     # fitted on AIConfigurator's gb200 tables (vLLM, TensorRT-LLM)
-        assert hw.engine("trtllm").origin.startswith("fitted") and "gb200" in hw.engine("trtllm").origin
+    if key in ("gb200", "gb300"):     # fitted on AIConfigurator's tables (GB300: vLLM only, TensorRT-LLM GB200's)
+        assert hw.engine("vllm").origin.startswith("fitted") and key in hw.engine("vllm").origin
+        trtllm = hw.engine("trtllm").origin
+        assert trtllm.startswith("fitted") if key == "gb200" else trtllm == "carried over from the NVIDIA GB200 (NVL72) fit"
         return
     assert "from" in raw["engines"]
     for name in ENGINES:
@@ -162,7 +164,7 @@ def test_python_api_estimate_carries_its_origin():
     from cost.estimate import estimate
     from tracer import Request, TraceOptions, trace
     step = trace("llama-3.2-1b", Request(1, 16, 0), TraceOptions())
-    carried = estimate(step, load_profile("gb300"), "engine", engine="vllm")
+    carried = estimate(step, load_profile("b300"), "engine", engine="vllm")
     assert carried.origin.carried_over and carried.notes[0] == carried.origin.headline()
     own = estimate(step, load_profile("h100"), "engine", engine="vllm")
     assert not own.origin.carried_over and not own.notes[0].startswith("carried over")
@@ -208,7 +210,7 @@ def test_hw_profiles_shows_the_fit_per_engine():
     rc, out, _ = _run(main, [])
     assert rc == 0
     line = next(l for l in out.splitlines() if l.startswith("gb300 "))
-    assert "vllm from gb200" in line and "trtllm from gb200," not in line and line.endswith("trtllm from gb200")
+    assert "vllm fitted" in line and "sglang from this device (vllm)" in line and "trtllm from gb200" in line
     line = next(l for l in out.splitlines() if l.startswith("b300 "))
     assert "vllm from b200" in line and "trtllm from b200 (vllm)" in line
     line = next(l for l in out.splitlines() if l.startswith("h100 "))
@@ -261,17 +263,17 @@ def test_disaggregated_kv_moves_on_nvlink_inside_the_domain(device, link):
     assert notes and all(link in n for n in notes), notes
 
 
-@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
-def test_gb200_fit_predicts_held_out_table_rows(engine):
-    """gb200 fitted on a seeded half of AIConfigurator 0.12's gb200 tables; these rows are from the other half."""
+@pytest.mark.parametrize("system, engine", [("gb200", "vllm"), ("gb200", "trtllm"), ("gb300", "vllm")])
+def test_nvl72_fits_predict_held_out_table_rows(system, engine):
+    """Fitted on a seeded half of AIConfigurator 0.12's tables; these rows are from the other half."""
     import numpy as np
     from pathlib import Path
     from cost.kernel_rows import parse_row, price_rows
-    lines = (Path(__file__).parent / "data" / "kernel_tables" / f"gb200_{engine}.jsonl").read_text().splitlines()
+    lines = (Path(__file__).parent / "data" / "kernel_tables" / f"{system}_{engine}.jsonl").read_text().splitlines()
     objs = [json.loads(line) for line in lines]
-    hw = load_profile("gb200")
+    hw = load_profile(system)
     cal = hw.engine(engine)
-    assert cal.origin.startswith("fitted") and "gb200" in cal.origin
+    assert cal.origin.startswith("fitted") and system in cal.origin
     rows = [parse_row(o, i) for i, o in enumerate(objs, 1)]
     err = np.abs(price_rows(cal, hw, rows) / np.array([o["measured_ms"] * 1e-3 for o in objs]) - 1.0)
     assert np.all(np.isfinite(err))
