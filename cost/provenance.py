@@ -87,10 +87,6 @@ def kernels_fitted_on(hw: HardwareProfile, engine: str, seen: tuple = ()) \
     return fitted, kernels_engine, scaled + more
 
 
-def _base_key(hw: HardwareProfile) -> str:
-    return hw.key.split(":")[0]
-
-
 _ORIGINS: dict[tuple, Origin] = {}
 
 
@@ -105,13 +101,13 @@ def kernel_origin(hw: HardwareProfile, engine: str | None, overheads: str | None
 def _kernel_origin(hw: HardwareProfile, engine: str | None, overheads: str | None) -> Origin:
     if engine is None:
         eff = hw.efficiency
-        fitted = hw.name if eff.fitted_on == hw.name.split(" (")[0] or eff.fitted_on == hw.name else eff.fitted_on
+        # a named topology ("l40s:pcie-switch") renames the profile, not the device its fit was made on
+        fitted = hw.name if eff.origin.startswith("fitted") else eff.fitted_on
         return Origin(hw.name, None, eff.origin, fitted or None, None, overheads)
     cal = hw.engine(engine)
-    base = load_profile(_base_key(hw)) if hw.topology else hw
-    fitted, kernels_engine, scaled = kernels_fitted_on(base, engine)
-    fitted_name = None if fitted is None else (hw.name if fitted.key == base.key else fitted.name)
-    if fitted is not None and fitted.key == base.key and not cal.origin.startswith("fitted") \
-            and kernels_engine == engine:
+    fitted, kernels_engine, scaled = kernels_fitted_on(hw, engine)    # a topology keeps its profile's engines
+    own = fitted is not None and fitted.key == hw.key
+    fitted_name = None if fitted is None else (hw.name if own else fitted.name)
+    if own and not cal.origin.startswith("fitted") and kernels_engine == engine:
         fitted_name = None    # a section of its own that is not a fit (defaults)
     return Origin(hw.name, engine, cal.origin, fitted_name, kernels_engine, overheads, scaled)
