@@ -93,8 +93,11 @@ def test_fleet_profiles_load_with_a_source_per_number(key):
     assert "fp8" not in hw.matrix_tflops or hw.matrix_tflops["fp8"] >= hw.matrix_tflops["bf16"]
     # without a fit of its own the profile names its nearest fitted sibling, and every engine says so
     assert "from" in raw["efficiency"] and hw.efficiency.origin.startswith("carried over")
-    if key in ("gb200", "gb300"):     # fitted on AIConfigurator's tables (GB300: vLLM only, TensorRT-LLM GB200's)
-        assert hw.engine("vllm").origin.startswith("fitted") and key in hw.engine("vllm").origin
+    if key in ("gb200", "gb300", "b300", "rtxpro6000"):    # fitted on AIConfigurator 0.12's tables
+        system = {"b300": "b300_sxm", "rtxpro6000": "rtx_pro_6000_server"}.get(key, key)
+        assert hw.engine("vllm").origin.startswith("fitted") and system in hw.engine("vllm").origin
+        if key in ("b300", "rtxpro6000"):
+            return
         trtllm = hw.engine("trtllm").origin
         assert trtllm.startswith("fitted") if key == "gb200" else trtllm == "carried over from the NVIDIA GB200 (NVL72) fit"
         return
@@ -147,9 +150,12 @@ def test_origin_names_the_fitted_sibling():
     from cost.provenance import kernel_origin
     fitted = kernel_origin(load_profile("h100"), "vllm")
     assert not fitted.carried_over and fitted.headline() is None
-    b300 = kernel_origin(load_profile("b300"), "trtllm")
-    assert b300.carried_over and b300.fitted_on == "NVIDIA B200 (HGX)" and b300.kernels_engine == "vllm"
-    assert b300.headline().startswith("carried over:") and "B200" in b300.headline()
+    b300 = kernel_origin(load_profile("b300"), "trtllm")     # this device's vLLM fit
+    assert b300.carried_over and b300.fitted_on == "NVIDIA B300 (HGX)" and b300.kernels_engine == "vllm"
+    assert b300.headline() == ("carried over: TensorRT-LLM kernel models on NVIDIA B300 (HGX) are vLLM's fit "
+                               "(no TensorRT-LLM fit on this device)")
+    nvl = kernel_origin(load_profile("h200nvl"), "vllm")
+    assert nvl.carried_over and nvl.fitted_on == "NVIDIA H200 SXM" and "H200 SXM" in nvl.headline()
     gb300 = kernel_origin(load_profile("gb300"), "trtllm")
     assert gb300.carried_over and gb300.fitted_on == "NVIDIA GB200 (NVL72)" and gb300.kernels_engine == "trtllm"
     assert not kernel_origin(load_profile("gb200"), "trtllm").carried_over
@@ -164,7 +170,7 @@ def test_python_api_estimate_carries_its_origin():
     from cost.estimate import estimate
     from tracer import Request, TraceOptions, trace
     step = trace("llama-3.2-1b", Request(1, 16, 0), TraceOptions())
-    carried = estimate(step, load_profile("b300"), "engine", engine="vllm")
+    carried = estimate(step, load_profile("h200nvl"), "engine", engine="vllm")
     assert carried.origin.carried_over and carried.notes[0] == carried.origin.headline()
     own = estimate(step, load_profile("h100"), "engine", engine="vllm")
     assert not own.origin.carried_over and not own.notes[0].startswith("carried over")
@@ -211,8 +217,8 @@ def test_hw_profiles_shows_the_fit_per_engine():
     assert rc == 0
     line = next(l for l in out.splitlines() if l.startswith("gb300 "))
     assert "vllm fitted" in line and "sglang from this device (vllm)" in line and "trtllm from gb200" in line
-    line = next(l for l in out.splitlines() if l.startswith("b300 "))
-    assert "vllm from b200" in line and "trtllm from b200 (vllm)" in line
+    line = next(l for l in out.splitlines() if l.startswith("gh200 "))
+    assert "vllm from h200, sglang from h200, trtllm from h200" in line
     line = next(l for l in out.splitlines() if l.startswith("h100 "))
     assert "vllm fitted, sglang fitted, trtllm fitted" in line
     rc, out, _ = _run(main, ["mi300x", "--json"])
@@ -263,7 +269,8 @@ def test_disaggregated_kv_moves_on_nvlink_inside_the_domain(device, link):
     assert notes and all(link in n for n in notes), notes
 
 
-@pytest.mark.parametrize("system, engine", [("gb200", "vllm"), ("gb200", "trtllm"), ("gb300", "vllm")])
+@pytest.mark.parametrize("system, engine", [("gb200", "vllm"), ("gb200", "trtllm"), ("gb300", "vllm"),
+                                            ("b300_sxm", "vllm"), ("rtx_pro_6000_server", "vllm")])
 def test_nvl72_fits_predict_held_out_table_rows(system, engine):
     """Fitted on a seeded half of AIConfigurator 0.12's tables; these rows are from the other half."""
     import numpy as np
@@ -271,7 +278,7 @@ def test_nvl72_fits_predict_held_out_table_rows(system, engine):
     from cost.kernel_rows import parse_row, price_rows
     lines = (Path(__file__).parent / "data" / "kernel_tables" / f"{system}_{engine}.jsonl").read_text().splitlines()
     objs = [json.loads(line) for line in lines]
-    hw = load_profile(system)
+    hw = load_profile({"b300_sxm": "b300", "rtx_pro_6000_server": "rtxpro6000"}.get(system, system))
     cal = hw.engine(engine)
     assert cal.origin.startswith("fitted") and system in cal.origin
     rows = [parse_row(o, i) for i, o in enumerate(objs, 1)]
