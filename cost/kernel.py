@@ -19,10 +19,9 @@ A bad row stops with an error naming its line number; nothing is written for it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from tracer.cli_io import dumps_strict, quiet_broken_pipe
+from tracer.cli_io import dumps_strict, json_lines, quiet_broken_pipe
 
 from .engines import DEFAULT_ENGINE, ENGINES
 from .kernel_rows import RowError, parse_row, price_rows
@@ -37,13 +36,7 @@ class _Parser(argparse.ArgumentParser):
 
 def read_rows(stream) -> tuple[list[dict], list]:
     objects, rows = [], []
-    for line_no, line in enumerate(stream, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RowError(f"line {line_no}: not JSON ({e.msg})") from None
+    for line_no, obj in json_lines(stream, None, RowError):
         rows.append(parse_row(obj, line_no))
         objects.append(obj)
     return objects, rows

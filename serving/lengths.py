@@ -22,6 +22,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from tracer.cli_io import json_lines
+
 INPUT_KEYS = ("input_length", "input_tokens", "prompt_tokens", "isl", "input_len")
 OUTPUT_KEYS = ("output_length", "output_tokens", "completion_tokens", "osl", "output_len")
 MAX_LENGTH = 10**8          # tokens of one request's prompt or output
@@ -174,14 +176,8 @@ def read_lengths(path: str) -> LengthDistribution:
     first = next((line for line in lines if line.strip()), "")
     pairs = []
     if first.lstrip().startswith("{"):
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+        for n, row in json_lines(lines, path, LengthsError):
             where = f"{path}:{n}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise LengthsError(f"{where}: not JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise LengthsError(f"{where}: each line must be a JSON object with input and output lengths")
             ki, ko = _columns(row.keys(), where)

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tracer.cli_io import json_lines
+
 from .engine_flags import StatedSettings, stated_settings
 
 # the load a run put on the engine
@@ -211,13 +213,7 @@ def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement
 
 def _devset(text: str, where: str, facts: RunFacts) -> list[ServingMeasurement]:
     out = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MeasurementError(f"{where}:{i}: not a JSON line ({e.msg})") from None
+    for i, row in json_lines(text.splitlines(), where, MeasurementError):
         if not isinstance(row, dict) or "source_kind" not in row:
             raise MeasurementError(f"{where}:{i}: not a development-set row (no 'source_kind')")
         out.append(parse_devset_row(row, f"{where}:{i}", facts))

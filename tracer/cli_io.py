@@ -1,4 +1,5 @@
-"""Output plumbing every command shares: strict JSON, and a quiet exit when the reader closes the pipe.
+"""Input and output plumbing every command shares: JSON-lines input, strict JSON, and a quiet exit when the reader
+closes the pipe.
 
     print(dumps_strict(result, indent=1))   # no NaN/Infinity: +inf (an unlimited value) becomes null
     @quiet_broken_pipe
@@ -13,6 +14,19 @@ import os
 import sys
 
 SIGPIPE_EXIT = 141   # what a shell reports for a writer killed by SIGPIPE (128 + 13)
+
+
+def json_lines(lines, where: str | None, error: type[Exception]):
+    """(line number, object) for each non-blank line of a JSON-lines text; a line that is not JSON raises `error`
+    naming it (`where:N`, or `line N` when there is no file name)."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise error(f"{f'{where}:{n}' if where else f'line {n}'}: not JSON ({e.msg})") from None
+        yield n, obj
 
 
 class NonFiniteError(ValueError):
