@@ -215,18 +215,9 @@ class SpeculativeStep:
     def steady(self, decoding: float, prefill_tokens: float, chunk_tokens: int, chunk_context: float,
                decode_context: float) -> float:
         """A speculative step: every decoding request's k + 1 verified tokens and the prompt chunks in one target
-        forward, the draft's proposals, the rejection sampling of every verified position."""
-        t, q = self.target, self.speculation.k + 1
-        chunks = prefill_tokens / chunk_tokens if prefill_tokens > 0 else 0.0
-        tokens = decoding * q + prefill_tokens
-        attention = t.prefill_attention(q, decode_context, decoding) if decoding > 0 else 0.0
-        if prefill_tokens > 0:
-            attention += t.prefill_attention(chunk_tokens, chunk_context, chunks)
-        kernels = t._staged(_lerp(t.linear, tokens) + t.logits(decoding * q + chunks) + attention, tokens)
-        kernels += self.draft_seconds(decoding, decode_context)
-        sampled = t._sampling(decoding * q) - t._sampling(decoding) if decoding > 0 else 0.0
-        return kernels + sampled + t.beyond_kernels(decoding + chunks, math.ceil(tokens), kernels,
-                                                    decode_only=prefill_tokens <= 0)
+        forward (StepCost.steady with that query), beside the draft's proposals."""
+        return self.target.steady(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context,
+                                  query=self.speculation.k + 1, draft_s=self.draft_seconds(decoding, decode_context))
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         """The event simulator's step (serving/engine.py): `decode_batch` requests verify k + 1 tokens each

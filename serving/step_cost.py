@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import cached_property
 
 from cost.engines import ENGINES, ServingOverheads, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
@@ -114,7 +115,7 @@ class StepCost:
         speculative step), not only of the last token."""
         if rows <= 1:
             return 0.0
-        head = self._head()
+        head = self._head
         if head is None:
             return 0.0
         run, op = head
@@ -130,13 +131,12 @@ class StepCost:
             return t
         return max(0.0, _pow2_lerp(rows_of, rows) - rows_of(1))
 
+    @cached_property
     def _head(self):
         """(a one-token trace, its output-projection op), or None for a model without one."""
-        if not hasattr(self, "_head_op"):
-            run = trace(self.spec, Request(1, 1, 0), self.options)
-            op = next((o for o in run.ops if o.weight_role == "lm_head" and o.gemm is not None), None)
-            self._head_op = (run, op) if op is not None else None
-        return self._head_op
+        run = trace(self.spec, Request(1, 1, 0), self.options)
+        op = next((o for o in run.ops if o.weight_role == "lm_head" and o.gemm is not None), None)
+        return (run, op) if op is not None else None
 
     def _per_token_prefill(self, tokens_bucket: int, context_bucket: int, seqs_bucket: int = 1) -> float:
         key = (tokens_bucket, context_bucket, seqs_bucket)
@@ -237,17 +237,28 @@ class StepCost:
         return extra
 
     def steady(self, decoding: float, prefill_tokens: float, chunk_tokens: int, chunk_context: float,
-               decode_context: float) -> float:
+               decode_context: float, query: int = 1, draft_s: float = 0.0) -> float:
         """A step of the steady-state model (serving/steady_state.py): `decoding` requests (fractional: a mean)
-        each decode one token, and `prefill_tokens` prompt tokens are prefilled as chunks of `chunk_tokens`
-        over `chunk_context` earlier tokens each."""
-        sequences = decoding + (prefill_tokens / chunk_tokens if prefill_tokens > 0 else 0.0)
-        tokens = decoding + prefill_tokens
-        attention = _lerp(lambda b: self.decode_attention(b, round(decode_context)), decoding) if decoding else 0.0
+        each run `query` tokens, and `prefill_tokens` prompt tokens are prefilled as chunks of `chunk_tokens`
+        over `chunk_context` earlier tokens each. A query above one is a speculative verification
+        (serving/speculative.py): its attention is priced as a prefill chunk of that many tokens, never as that
+        many decode steps, and every verified row is sampled; `draft_s` is the draft's forwards in the step."""
+        chunks = prefill_tokens / chunk_tokens if prefill_tokens > 0 else 0.0
+        sequences = decoding + chunks
+        tokens = decoding * query + prefill_tokens
+        if not decoding:
+            attention = 0.0
+        elif query == 1:
+            attention = _lerp(lambda b: self.decode_attention(b, round(decode_context)), decoding)
+        else:
+            attention = self.prefill_attention(query, decode_context, decoding)
         if prefill_tokens > 0:
-            attention += self.prefill_attention(chunk_tokens, chunk_context, prefill_tokens / chunk_tokens)
-        kernels = self._staged(_lerp(self.linear, tokens) + self.logits(sequences) + attention, tokens)
-        return kernels + self.beyond_kernels(sequences, math.ceil(tokens), kernels, decode_only=prefill_tokens <= 0)
+            attention += self.prefill_attention(chunk_tokens, chunk_context, chunks)
+        kernels = self._staged(_lerp(self.linear, tokens) + self.logits(decoding * query + chunks) + attention,
+                               tokens) + draft_s
+        verified = self._sampling(decoding * query) - self._sampling(decoding) if query > 1 and decoding > 0 else 0.0
+        return kernels + verified + self.beyond_kernels(sequences, math.ceil(tokens), kernels,
+                                                        decode_only=prefill_tokens <= 0)
 
 
 def _pow2_lerp(f, x: float, lowest: int = 1) -> float:
