@@ -25,6 +25,8 @@ class ServingDefaults:
     memory_of_free: bool
     graph_max_batch: int         # decode batches up to this run as CUDA graphs, larger ones launch eagerly
     chunked_prefill: bool        # long prompts are split over steps within max_batched_tokens
+    cache_block_tokens: int = 1  # prefix-cache hits count in whole KV blocks of this many tokens
+    activations_in_budget: bool = True   # the step's activations come out of memory_fraction (else beyond it)
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,19 @@ class Engine:
         big = memory_gb >= 70 and "a100" not in device_name.lower()
         if self.name == "vllm":
             # vllm/engine/arg_utils.py get_batch_defaults (API server): 8192 tokens / 1024 seqs on >= 70 GiB
-            # GPUs other than A100, else 2048 / 256; gpu_memory_utilization 0.9; graphs up to 512
-            return ServingDefaults(1024 if big else 256, 8192 if big else 2048, 0.9, False, 512, True)
+            # GPUs other than A100, else 2048 / 256; gpu_memory_utilization 0.9; graphs up to 512;
+            # KV blocks of 16 tokens (vllm/config/cache.py block_size)
+            return ServingDefaults(1024 if big else 256, 8192 if big else 2048, 0.9, False, 512, True, 16)
         if self.name == "sglang":
             # sglang/srt/server_args.py: chunked_prefill_size 8192 on large GPUs (else 2048),
-            # mem_fraction_static about 0.88, cuda_graph_max_bs 256 on large GPUs (else 160)
-            return ServingDefaults(2048, 8192 if big else 2048, 0.88, False, 256 if big else 160, True)
+            # mem_fraction_static about 0.88, cuda_graph_max_bs 256 on large GPUs (else 160); the radix cache
+            # matches single tokens (page_size 1). mem_fraction_static is the share for weights and the KV pool
+            # ("static allocation"): activations and CUDA graphs live in the rest
+            return ServingDefaults(2048, 8192 if big else 2048, 0.88, False, 256 if big else 160, True, 1, False)
         # TensorRT-LLM (trtllm-serve / trtllm-bench): max_batch_size 2048, max_num_tokens 8192,
-        # KV cache takes free_gpu_memory_fraction 0.9 of what the engine leaves free; no chunked context
-        return ServingDefaults(2048, 8192, 0.9, True, 2048, False)
+        # KV cache takes free_gpu_memory_fraction 0.9 of what the engine leaves free; no chunked context;
+        # KV blocks of 32 tokens (tensorrt_llm KvCacheConfig tokens_per_block)
+        return ServingDefaults(2048, 8192, 0.9, True, 2048, False, 32)
 
 
 # Where each engine runs: vLLM builds for CUDA and ROCm (vllm docs/getting_started/installation/gpu: "NVIDIA CUDA",
@@ -112,7 +118,9 @@ class ServingOverheads(ParamSet):
     # Python process: a burst enters the engine at this pace, and no stream of more than 1000 / frontend_ms
     # requests/s per server process is served. Only requests that come through the server pay it.
     frontend_ms: float = param(0.0, 0.0, 50.0, "serial per-request work of the HTTP server's process, ms")
-    reserve_gb: float = param(2.0, 0.0, 40.0, "memory held besides weights and KV: context, graphs, buffers, GB")
+    # not fitted (serving/calibrate_overheads.py FITTED_TERMS): it is how the engine divides memory, which end-to-end
+    # times hardly constrain; set per engine from its memory accounting (cost/engine_serving.json, reserve_source)
+    reserve_gb: float = param(2.0, 0.0, 40.0, "memory inside the engine's budget besides weights, activations and KV, GB")
 
 
 @lru_cache(maxsize=1)

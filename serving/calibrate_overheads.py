@@ -1,6 +1,6 @@
 """Fit an engine's overheads beyond its kernels (cost/engines.py ServingOverheads: per-step host time, per
-request and step, rank sync, per-request API time, memory reserve) on published end-to-end runs, release by
-release.
+request and step, rank sync, per-request API time; the memory reserve is the engine's accounting, kept as set)
+on published end-to-end runs, release by release.
 
     python -m serving.calibrate_overheads --engine trtllm [--data FILE ...] [--fit-fraction 0.5] [--seed 0]
         [--output FILE | --write]
@@ -10,7 +10,7 @@ held-out share. The physics is shared: one set of overheads is fitted on the fit
 Then each release may take its own value of a parameter, only where its rows demand one: a term is kept when
 it lowers that release's loss on its fitted rows by more than `--demand` (default 0.02, i.e. 2% mean
 |log error|). The loss is the mean absolute log error, capped at 2x per row, of TTFT, TPOT, output tokens/s and batch latency (each
-metric weighted alike), minimized by coordinate search on a log grid within each parameter's bounds. The
+metric weighted alike; a run the candidate overheads refuse counts at the cap), minimized by coordinate search on a log grid within each parameter's bounds. The
 report gives every release's error on the rows the fit did not see. Rows on a device whose kernels are not
 fitted for the engine (carried over from another device, or another engine's) are left out: their error is
 the kernels', not the engine's overheads. `--write` stores the result in cost/engine_serving.json.
@@ -37,16 +37,27 @@ DEV_SET = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e
 # what a release may change without changing the physics: its scheduler's host time, its per-sequence
 # bookkeeping, its rank sync and its API path (memory reserve stays shared)
 RELEASE_TERMS = ("step_us", "seq_us", "gpu_sync_us", "request_ms", "frontend_ms")
+# what the fit searches: every overhead but the memory reserve, which is the engine's memory accounting (set per
+# engine in cost/engine_serving.json with its source); times barely constrain it, and a fit that could raise it
+# would shrink the KV cache to stand in for slow steps
+FITTED_TERMS = tuple(f.name for f in fields(ServingOverheads) if f.name != "reserve_gb")
 # a row off by more than 2x (|log error| 0.69) counts as 2x: a few runs no overhead explains (a setup the model
 # misses) must not steer the engine's overheads for every other run
 LOSS_CAP = math.log(2.0)
 
 
 def loss(runs: list[PublishedRun], pool: PredictorPool, params: ServingOverheads) -> float:
+    """Mean |log error| per metric, then over metrics. A run these overheads refuse (its KV cache no longer
+    holds one request) ran all the same: each of its measured metrics counts at the cap, so a fit cannot
+    leave the rows it gets wrong out of its own loss."""
     per_metric: dict[str, list[float]] = defaultdict(list)
     for run, pred, _ in pool.map(runs, params):
-        for m, v in (run.measured.items() if pred is not None else ()):
-            if pred.get(m, 0) > 0 and v > 0:
+        for m, v in run.measured.items():
+            if v <= 0:
+                continue
+            if pred is None:
+                per_metric[m].append(LOSS_CAP)
+            elif pred.get(m, 0) > 0:
                 per_metric[m].append(min(LOSS_CAP, abs(math.log(pred[m] / v))))
     parts = [sum(v) / len(v) for v in per_metric.values() if v]
     return sum(parts) / len(parts) if parts else float("inf")
@@ -97,8 +108,7 @@ def fit_releases(runs: list[PublishedRun], pool: PredictorPool, fraction: float,
     parts = {rel: split(rs, fraction, seed) for rel, rs in by_release.items() if len(rs) >= 4}
     fit_rows = [r for f, _ in parts.values() for r in f]
     log(f"shared fit on {len(fit_rows)} rows of releases {', '.join(sorted(parts, key=release_key))}")
-    shared, _ = coordinate_search(fit_rows, pool, start or ServingOverheads(),
-                                  [f.name for f in fields(ServingOverheads)], rounds, log)
+    shared, _ = coordinate_search(fit_rows, pool, start or ServingOverheads(), FITTED_TERMS, rounds, log)
     releases = {}
     for rel in sorted(parts, key=release_key):
         fit, held = parts[rel]
@@ -167,6 +177,9 @@ def main(argv=None) -> int:
     entry = {"origin": f"fitted by python -m serving.calibrate_overheads on {sum(r['fitted_rows'] for r in result['releases'].values())} "
                        f"{ENGINES[args.engine].label} rows of {names} (seed {args.seed}, fit fraction {args.fit_fraction:g}, "
                        f"demand {args.demand:g})", **result}
+    current = json.loads((resources.files("cost") / "engine_serving.json").read_text()).get(args.engine) or {}
+    if "reserve_source" in current:      # the reserve is kept as set, with where it comes from
+        entry["reserve_source"] = current["reserve_source"]
     for rel, r in result["releases"].items():
         print(f"{ENGINES[args.engine].label} {rel}: held-out mean |log error| {r['held_out_loss']:.3f} over "
               f"{r['held_out_rows']} rows; own terms: {', '.join(r['params']) or 'none'}")

@@ -1,8 +1,9 @@
 """How many tokens of KV cache a serving replica holds: the engine's memory budget less weights, activations
 and its reserve, as each engine divides memory (cost/engines.py, ServingDefaults).
 
-- vLLM and SGLang give weights, activations, reserve and KV together a fraction of total memory
-  (gpu_memory_utilization 0.9, mem_fraction_static ~0.88);
+- vLLM gives weights, the profile run's activations, its reserve and KV together a fraction of total memory
+  (gpu_memory_utilization 0.9; CUDA graphs are captured after the KV cache is sized, beyond it);
+- SGLang gives weights and the KV pool a fraction (mem_fraction_static ~0.88); activations and graphs use the rest;
 - TensorRT-LLM gives the KV cache a fraction of what is free once the engine is loaded
   (kv_cache_free_gpu_mem_fraction 0.9 by default).
 """
@@ -93,10 +94,11 @@ def replica_memory(probe: Trace, hw: HardwareProfile, defaults: ServingDefaults,
     weights = weight_bytes_per_gpu(probe, tp, ep, pp)
     activations = peak_activation_bytes(probe, tp)
     reserve = reserve_gb * GB
+    in_budget = activations if defaults.activations_in_budget else 0.0
     if defaults.memory_of_free:
         kv = fraction * (capacity - weights - activations - reserve)
     else:
-        kv = fraction * capacity - weights - activations - reserve
+        kv = fraction * capacity - weights - in_budget - reserve
     per_token = kv_bytes_per_token(probe, tp, pp)
     # hybrid and recurrent models hold a constant state per request besides (or instead of) the KV cache
     state = probe.state_bytes_per_sequence / max(1, tp) / max(1, pp)

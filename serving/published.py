@@ -95,6 +95,7 @@ class PublishedRun:
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
     api_servers: int = 0         # HTTP server processes the requests came through (0: the engine's Python API)
     speculation: Speculation | None = None   # the chain draft the run used
+    prefix_hit_rate: float = 0.0  # the share of each prompt the run states was served from the prefix cache
 
 
 def _engine(text: str) -> str | None:
@@ -209,6 +210,19 @@ def _measured(r: dict) -> tuple[dict, dict]:
     return measured, percentiles
 
 
+def _prefix_hit_rate(r: dict) -> float:
+    """The prefix-cache hit rate a row states: a number, or text that starts with one ("~1.0 (stated: ...)").
+    A cache that is on with no stated rate counts as no hits (the dev set's random and ShareGPT prompts)."""
+    stated = (r.get("prefix_cache") or {})
+    if not stated.get("enabled"):
+        return 0.0
+    rate = stated.get("hit_rate")
+    if isinstance(rate, str):
+        m = re.match(r"\s*~?\s*([0-9.]+)", rate)
+        rate = float(m.group(1)) if m else None
+    return min(1.0, max(0.0, float(rate))) if isinstance(rate, (int, float)) else 0.0
+
+
 def _load(r: dict, replicas: int) -> Load:
     requests = int(r.get("num_requests") or 0)
     if r["mode"] == "offline_batch":
@@ -242,7 +256,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {},
         next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
         flags.api_servers if flags.api_server else 0,
-        _speculation(r["spec_decode"])[0] if r.get("spec_decode") else None)
+        _speculation(r["spec_decode"])[0] if r.get("spec_decode") else None, _prefix_hit_rate(r))
     return run, None
 
 
@@ -303,6 +317,13 @@ class Predictor:
         return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl,
                       output_kv_share=OUTPUT_KV_SHARE[run.engine])
 
+    @staticmethod
+    def cached_tokens(run: PublishedRun, cost: StepCost) -> int:
+        """Prompt tokens served from the prefix cache: whole KV blocks of the stated share, and never the last
+        prompt token, which every engine recomputes to sample the first output token."""
+        block = cost.defaults.cache_block_tokens
+        return min(run.isl - 1, math.floor(run.isl * run.prefix_hit_rate)) // block * block
+
     def predict(self, run: PublishedRun, overheads: ServingOverheads | None = None) -> tuple[dict, SteadyState]:
         cost = self.cost(run)
         fitted = cost.overheads
@@ -317,7 +338,7 @@ class Predictor:
                                  f"{need:.0f} (weights, reserve and activations leave too little memory)")
             # one server process takes in every replica's requests (each replica sees 1/replicas of them)
             frontend_s = cost.overheads.frontend_ms * 1e-3 * run.replicas / run.api_servers if run.api_servers else 0.0
-            state = solve(cost.steady, run.isl, run.osl, 0, run.load, limits,
+            state = solve(cost.steady, run.isl, run.osl, self.cached_tokens(run, cost), run.load, limits,
                           cost.overheads.request_ms * 1e-3, lengths=lengths, frontend_s=frontend_s,
                           tokens_per_step=cost.tokens_per_step)
         finally:

@@ -21,7 +21,7 @@ from cost.parallel import point_to_point_seconds
 from cost.execution import ENGINE
 from cost.profile import HardwareProfile
 from cost.provenance import kernel_origin
-from tracer.model_source import ModelSpec
+from tracer.model_source import ModelError, ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
@@ -82,7 +82,12 @@ class StepCost:
             key = (request.num_queries, request.query_length, request.context_length, request.decode)
             parts = self.shared.get(key) if self.shared is not None else None
             if parts is None:
-                e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, self.par, self.engine)
+                traced = trace(self.spec, request, self.options)
+                if traced.recomputes_context:   # its steps are not a cached decode plus new tokens
+                    raise ModelError(f"{self.spec.name} keeps no KV cache, so every step recomputes the whole "
+                                     f"sequence: tracecost prices its single steps (text_generate without "
+                                     f"--output-length), not serving")
+                e = estimate(traced, self.hw, self.execution, self.par, self.engine)
                 attention = e.breakdown_s["attention"]
                 parts = (e.wall_s - attention, attention)
                 self._launches[request.query_length] = e.num_kernels

@@ -266,11 +266,24 @@ def test_grouped_mm_experts_trace_in_any_dtype(tmp_path, monkeypatch, dtype):
     assert t.flops_by_class()["gemm"] == pytest.approx(ref.flops_by_class()["gemm"], rel=1e-9)
 
 
+def test_a_model_without_kv_cache_recomputes_the_whole_sequence(tmp_path, monkeypatch):
+    """GPT-1 keeps no KV cache: a step over 16 earlier tokens is the forward of all 24, said in a note."""
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    spec = resolve_model(tiny(tmp_path, "openai-gpt", n_embd=64, n_layer=2, n_head=4, vocab_size=100))
+    step, whole = trace(spec, Request(2, 8, 16)), trace(spec, Request(2, 24, 0))
+    _assert_checks(step)
+    assert step.request == Request(2, 8, 16)
+    assert step.flops_by_class() == pytest.approx(whole.flops_by_class(), rel=1e-12)
+    assert step.kv_bytes_per_token == 0
+    assert any("keeps no KV cache: this step recomputes all 24 tokens" in n for n in step.notes)
+    from serving.step_cost import StepCost
+    from cost.profile import load_profile
+    with pytest.raises(ModelError, match="keeps no KV cache, so every step recomputes"):
+        StepCost(spec, load_profile("h100"), TraceOptions(), "eager", 1).decode_attention(1, 16)
+
+
 def test_refusals_say_what_is_unsupported(tmp_path, capsys):
-    """A forward with no KV cache, and routed experts with no top-k, are named rather than passed through."""
-    assert tracer_main([tiny(tmp_path, "openai-gpt", n_embd=64, n_layer=2, n_head=4, vocab_size=100),
-                        "-q", "8", "-c", "16"]) == 2
-    assert "forward keeps no KV cache, so a step over 16 cached tokens" in capsys.readouterr().err
+    """Routed experts with no top-k are named rather than passed through."""
     assert tracer_main([tiny(tmp_path, "deepseek_v2", **{**TINY["phi3"], "n_routed_experts": 4,
                                                          "moe_intermediate_size": 32, "num_experts_per_tok": None}),
                         "-q", "8"]) == 2

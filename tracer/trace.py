@@ -87,9 +87,11 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
     kv_size = DTYPE_BYTES[kv_dtype]
-    if request.context_length > 0 and not _takes_cache(built.model):
-        raise ModelError(f"unsupported: {spec.name}: {type(built.model).__name__}'s forward keeps no KV cache, so a "
-                         f"step over {request.context_length} cached tokens cannot be traced (context 0 can)")
+    # a model whose forward keeps no KV cache (GPT-1, XLNet) runs every step over the whole sequence again:
+    # the step over `context` earlier tokens is the forward of all context + query tokens, as transformers runs it
+    recomputed = request.context_length > 0 and not _takes_cache(built.model)
+    traced = Request(request.num_queries, request.seq_len, 0, all_logits=request.all_logits) if recomputed \
+        else request
     if options.dedup_layers:
         from .checks import dedup_verdict
         from .layers import DEDUP, FULL, PROBE
@@ -108,7 +110,11 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     else:
         _warm_up(built, options, kv_size, spec.name, built.layers.mode)
     formats = checkpoint_formats_for(spec, options, from_config)
-    run = _run(built, request, options, kv_size, spec.name, formats=formats)
+    run = _run(built, traced, options, kv_size, spec.name, formats=formats)
+    if recomputed:
+        run.notes.append(f"{type(built.model).__name__} keeps no KV cache: this step recomputes all {request.seq_len} "
+                         f"tokens of each sequence ({request.context_length} earlier + {request.query_length} new), "
+                         f"as transformers runs it")
     ops = _quantize_weights(run.ops)
     kv_written = sum(op.bytes_written * op.count for op in ops if op.kv_cache_write)
     state_bytes = sum(op.state.state_bytes * op.count for op in ops if op.state is not None)
@@ -119,7 +125,7 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         weight_bytes=stored_weight_bytes(built, formats, build_dtype), trace_seconds=time.perf_counter() - start,
         kv_element_size=kv_size, hidden_size=_hidden_size(built.config),
         unformulated=run.unformulated, notes=_notes(built, options, from_config, run), checks=run.checks,
-        state_bytes_per_sequence=state_bytes, image_tokens=run.image_tokens)
+        state_bytes_per_sequence=state_bytes, image_tokens=run.image_tokens, recomputes_context=recomputed)
     _remember(key, result)
     disk_cache.store(key, result)
     return result

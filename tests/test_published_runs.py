@@ -1,0 +1,52 @@
+"""Published rows as tracecost prices them: a stated prefix-cache hit is served from the cache, and an overhead
+fit cannot drop the rows its candidate parameters refuse."""
+import math
+
+import pytest
+
+from cost.engines import ServingOverheads
+from serving.calibrate_overheads import LOSS_CAP, loss
+from serving.published import Predictor, map_row
+
+ROW = {"id": "test-burst", "source_kind": "test", "model": "Qwen/Qwen3-8B", "gpu": "H100-SXM-80GB",
+       "engine": "vLLM", "engine_version": "v0.11.0", "precision": "bf16", "tp": 1, "isl": 1024, "osl": 128,
+       "mode": "online_request_rate", "num_requests": 100, "output_tok_s": 1000.0,
+       "ttft_ms": {"mean": 500.0}, "tpot_ms": {"mean": 30.0}, "engine_flags": "vllm serve Qwen/Qwen3-8B"}
+
+
+@pytest.mark.parametrize("stated, rate", [(None, 0.0), ({"enabled": True, "hit_rate": None}, 0.0),
+                                          ({"enabled": True, "hit_rate": 0.5}, 0.5),
+                                          ({"enabled": True, "hit_rate": "~1.0 (stated: all prompts hit)"}, 1.0),
+                                          ({"enabled": False, "hit_rate": 0.9}, 0.0)])
+def test_the_stated_hit_rate_is_read(stated, rate):
+    run, why = map_row({**ROW, "prefix_cache": stated})
+    assert why is None and run.prefix_hit_rate == rate
+
+
+def test_a_full_hit_serves_whole_blocks_and_recomputes_the_last_token():
+    predictor = Predictor()
+    cold, _ = map_row(ROW)
+    hot, _ = map_row({**ROW, "prefix_cache": {"enabled": True, "hit_rate": "~1.0"}})
+    cost = predictor.cost(hot)
+    assert cost.defaults.cache_block_tokens == 16                   # vLLM's KV block
+    assert predictor.cached_tokens(hot, cost) == 1008                # 1023 tokens, whole blocks of 16
+    assert predictor.cached_tokens(cold, cost) == 0
+    cold_pred, hot_pred = predictor.predict(cold)[0], predictor.predict(hot)[0]
+    assert hot_pred["ttft_ms"] < cold_pred["ttft_ms"] / 2            # 16 of 1024 prompt tokens are prefilled
+    assert hot_pred["output_tok_s"] > cold_pred["output_tok_s"]
+
+
+class _Pool:
+    """Stands in for a PredictorPool: one run priced, one refused."""
+    def __init__(self, refused):
+        self.refused = refused
+
+    def map(self, runs, params):
+        return [(r, None if r.id in self.refused else dict(r.measured), None) for r in runs]
+
+
+def test_a_refused_run_counts_at_the_cap_in_the_fit_loss():
+    runs = [map_row({**ROW, "id": i})[0] for i in ("a", "b")]
+    assert loss(runs, _Pool(set()), ServingOverheads()) == 0.0       # exact predictions
+    # one of two runs refused: every metric's mean is half the cap (refusing cannot lower the loss)
+    assert math.isclose(loss(runs, _Pool({"b"}), ServingOverheads()), LOSS_CAP / 2)
