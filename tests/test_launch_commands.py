@@ -106,6 +106,21 @@ def test_disaggregated_instances_for_every_engine():
     assert ["trtllm-serve", "disaggregated", "-c", "tracecost-trtllm-disagg.yaml"] in commands(trt, "trtllm-serve")
 
 
+def test_vllm_gets_a_max_model_len_only_where_its_kv_cache_is_short(capsys):
+    """vLLM refuses to start without KV room for one max_model_len sequence (the model's 131072 for Llama-3.1):
+    the launch line carries --max-model-len where the priced cache holds less, as the optimizer emits it."""
+    from cli.inference.throughput_optimizer import main
+    [short] = commands(launch_command(ServingLayout("m/x", max_model_len=3072), "vllm"), "vllm serve")
+    assert flag(short, "--max-model-len") == "3072"
+    assert "--max-model-len" not in commands(launch_command(LAYOUT, "vllm"), "vllm serve")[0]
+    args = ["llama-3.1-8b", "--num-devices", "1", "--input-length", "2048", "--output-length", "512",
+            "--emit", "vllm"]
+    assert main([*args, "--device", "l4"]) == 0               # 24 GB: about 49k tokens of KV
+    assert "--max-model-len 3072" in capsys.readouterr().out   # 2560 tokens asked, rounded up to 1024
+    assert main([*args, "--device", "h100"]) == 0
+    assert "--max-model-len" not in capsys.readouterr().out
+
+
 def test_bad_layouts_are_refused():
     with pytest.raises(ValueError, match="ep must be"):
         ServingLayout("m/x", tp=2, dp=2, ep=3)
@@ -113,5 +128,7 @@ def test_bad_layouts_are_refused():
         ServingLayout("m/x", kv_cache_dtype="int4")
     with pytest.raises(ValueError, match="memory_utilization"):
         ServingLayout("m/x", memory_utilization=1.5)
+    with pytest.raises(ValueError, match="max_model_len"):
+        ServingLayout("m/x", max_model_len=0)
     with pytest.raises(ValueError, match="unknown engine"):
         launch_command(LAYOUT, "tgi")

@@ -60,6 +60,9 @@ class ServingLayout:
     # TRT-LLM sizes its KV cache as a share of the memory left after weights: with these, that share is exact
     device_memory_gb: float | None = None
     weights_gb_per_gpu: float | None = None   # weights and activation workspace on one GPU
+    # vLLM refuses to start when its KV cache cannot hold one sequence of max_model_len (default: the model's
+    # max_position_embeddings); set where the priced KV cache holds fewer tokens than that
+    max_model_len: int | None = None
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "max_num_seqs", "max_batched_tokens"):
@@ -71,6 +74,8 @@ class ServingLayout:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype}")
         if self.ep > 1 and self.ep not in (self.tp, self.tp * self.dp):
             raise ValueError(f"ep must be 0/1, tp ({self.tp}) or tp x dp ({self.tp * self.dp}), got {self.ep}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if not 1 <= self.port <= 65535 - 64:
             raise ValueError(f"port must be in [1, {65535 - 64}], got {self.port}")
         if self.disaggregated:
@@ -181,6 +186,8 @@ def _vllm(layout: ServingLayout) -> list[str]:
         words += [f"--max-num-seqs {inst.max_num_seqs}", f"--max-num-batched-tokens {inst.max_batched_tokens}",
                   "--enable-prefix-caching" if layout.prefix_caching else "--no-enable-prefix-caching",
                   f"--gpu-memory-utilization {layout.memory_utilization:g}", f"--kv-cache-dtype {layout.kv_cache_dtype}"]
+        if layout.max_model_len:
+            words.append(f"--max-model-len {layout.max_model_len}")
         words += _common_model_words(layout, "vllm")
         env = {"CUDA_VISIBLE_DEVICES": inst.gpu_list} if len(instances) > 1 else {}
         if layout.disaggregated:

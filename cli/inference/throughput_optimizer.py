@@ -256,7 +256,9 @@ def optimize(args, on_progress=None) -> dict:
              f"{spec.name} on {num_devices} x {hw.name}, input {shapes.input_length}, output {shapes.output_length}",
              price.usd_per_gpu_hour if price else None)
     if args.emit and feasible:
-        result["launch_command"] = launch_command(serving_layout(args, feasible[0], experts, hw), args.emit)
+        longest = (max(i + o for i, o in lengths.pairs) if lengths else input_length + output_length)
+        result["launch_command"] = launch_command(serving_layout(args, feasible[0], experts, hw, spec, longest),
+                                                  args.emit)
     if not feasible:
         reasons = sorted({w.split(" ")[0] for c in candidates for w in c.why_not})
         result["why_no_feasible_layout"] = (f"every layout fails on: {', '.join(reasons)}" if reasons
@@ -322,7 +324,7 @@ def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, s
     return points
 
 
-def serving_layout(args, c: Candidate, experts: int, hw) -> ServingLayout:
+def serving_layout(args, c: Candidate, experts: int, hw, spec, longest: int) -> ServingLayout:
     """The candidate as launch flags: sizes per replica, the engine's limits the search assumed."""
     lay = c.layout
     if lay.ep > 1 and lay.ep not in (lay.tp, lay.tp * lay.dp):
@@ -343,7 +345,21 @@ def serving_layout(args, c: Candidate, experts: int, hw) -> ServingLayout:
                          "fp8" if args.kv_cache_dtype == "fp8" else "auto", experts > 0, disagg,
                          trust_remote_code=args.trust_remote_code, revision=args.revision,
                          device_memory_gb=hw.memory_capacity_gb,
-                         weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None)
+                         weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None,
+                         max_model_len=vllm_max_model_len(args.engine, c, spec.config, longest))
+
+
+def vllm_max_model_len(engine: str, c: Candidate, config: dict, longest: int) -> int | None:
+    """A --max-model-len for vLLM where the candidate's KV cache holds fewer tokens than the model's own maximum
+    (vLLM would refuse to start): the longest request asked for, rounded up to 1024 tokens, within the cache."""
+    if engine != "vllm" or c.memory is None:
+        return None
+    model_max = int(config.get("max_position_embeddings") or (config.get("text_config") or {}).get(
+        "max_position_embeddings") or 0)
+    kv = c.memory.kv_tokens
+    if not model_max or kv >= model_max:
+        return None
+    return min(kv, -(-longest // 1024) * 1024)
 
 
 def _speculation_summary(drafts, candidates: list[Candidate]) -> dict | None:
