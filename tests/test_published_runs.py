@@ -50,3 +50,21 @@ def test_a_refused_run_counts_at_the_cap_in_the_fit_loss():
     assert loss(runs, _Pool(set()), ServingOverheads()) == 0.0       # exact predictions
     # one of two runs refused: every metric's mean is half the cap (refusing cannot lower the loss)
     assert math.isclose(loss(runs, _Pool({"b"}), ServingOverheads()), LOSS_CAP / 2)
+
+
+def test_each_engine_divides_memory_its_own_way():
+    """vLLM's budget holds the profile forward's activations and its non-torch reserve; SGLang's
+    mem_fraction_static holds only weights and the KV pool. Qwen3-32B in bf16 on one A100 80GB then has room for
+    its 40960-token max_model_len under vLLM, as the published run that started with it shows."""
+    from cost.estimate import Parallelism
+    from cost.profile import load_profile
+    from serving.step_cost import StepCost
+    from tracer import TraceOptions, resolve_model
+    spec, hw = resolve_model("qwen3-32b"), load_profile("a100")
+    vllm, sglang = (StepCost(spec, hw, TraceOptions(), "engine", Parallelism(1), e) for e in ("vllm", "sglang"))
+    v = vllm.replica_memory(vllm.defaults.max_batched_tokens)
+    s = sglang.replica_memory(sglang.defaults.max_batched_tokens)
+    assert v.activations > 0 and v.reserve == pytest.approx(0.5e9)
+    assert v.kv_cache == pytest.approx(0.9 * hw.memory_bytes - v.weights - v.activations - v.reserve)
+    assert s.kv_cache == pytest.approx(0.88 * hw.memory_bytes - s.weights)      # activations beyond the fraction
+    assert v.kv_tokens >= 40960
