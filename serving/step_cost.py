@@ -26,6 +26,7 @@ from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
 from .capacity import ReplicaMemory, replica_memory
+from .derived_trace import attention_work, derive
 
 
 def step_overheads(hw: HardwareProfile, engine: str, release: str | None = None) -> tuple[ServingOverheads, str]:
@@ -168,10 +169,29 @@ class StepCost:
         def per_seq(ctx: int) -> float:
             v = self._decode.get((bb, ctx))
             if v is None:
-                v = self._decode[(bb, ctx)] = self._parts(Request(bb, 1, ctx, decode=True))[1] / bb
+                v = self._decode[(bb, ctx)] = self._decode_attention_s(bb, ctx) / bb
             return v
 
         return _pow2_lerp(per_seq, max(1, context)) * batch
+
+    def _decode_attention_s(self, batch: int, context: int) -> float:
+        """Attention seconds of a decode step of `batch` sequences over `context` cached tokens each. Its work is
+        per sequence, so beyond two sequences it is derived from the traces of one and two (serving/derived_trace.py,
+        exact to the FLOP) and priced, not traced again; a model whose attention ops do not scale so is traced."""
+        request = Request(batch, 1, context, decode=True)
+        if batch <= 2:
+            return self._parts(request)[1]
+        key = ("decode attention", batch, context)
+        seconds = self.shared.get(key) if self.shared is not None else None
+        if seconds is None:
+            one, two = (trace(self.spec, Request(b, 1, context, decode=True), self.options) for b in (1, 2))
+            derived = derive(one, two, request, 1, 2, batch, attention_work)
+            if derived is None:
+                return self._parts(request)[1]
+            seconds = estimate(derived, self.hw, self.execution, self.par, self.engine).breakdown_s["attention"]
+            if self.shared is not None:
+                self.shared[key] = seconds
+        return seconds
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)

@@ -1,0 +1,86 @@
+"""Derived step traces (serving/derived_trace.py) against real traces, to the last FLOP and byte."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cost.estimate import Parallelism, estimate
+from cost.profile import load_profile
+from serving.derived_trace import attention_work, derive
+from serving.step_cost import StepCost
+from tracer import Request, TraceOptions, resolve_model, trace
+from tracer.work import OTHER, Op, Trace
+
+
+def _tiny_hybrid(tmp_path) -> str:
+    """Qwen3-Next in miniature: gated-delta-rule layers beside attention layers, routed experts."""
+    from transformers import AutoConfig
+    folder = tmp_path / "qwen3_next"
+    folder.mkdir()
+    AutoConfig.for_model("qwen3_next", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                         linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                         vocab_size=100).to_json_file(str(folder / "config.json"))
+    return str(folder)
+
+
+# dense GQA; MLA with routed experts; attention sinks with a sliding window on every other layer
+MODELS = ["llama-3.2-1b", "deepseek-v2-lite", "gpt-oss-20b"]
+
+
+def _decode(spec, batch: int, context: int):
+    return trace(spec, Request(batch, 1, context, decode=True), TraceOptions())
+
+
+@pytest.mark.parametrize("model", MODELS + ["hybrid"])
+@pytest.mark.parametrize("batch,context", [(8, 1000), (64, 4096), (3, 130)])
+def test_decode_attention_derived_exactly(tmp_path, model, batch, context):
+    spec = resolve_model(_tiny_hybrid(tmp_path) if model == "hybrid" else model)
+    one, two, real = (_decode(spec, b, context) for b in (1, 2, batch))
+    derived = derive(one, two, real.request, 1, 2, batch, attention_work)
+    assert derived is not None
+    expected = [op for op in real.ops if attention_work(op)]
+    assert expected and derived.ops == expected          # every field, FLOPs and bytes to the last digit
+    assert derived.flops == sum(op.flops * op.count for op in expected)
+
+
+@pytest.mark.parametrize("model,par", [("llama-3.2-1b", Parallelism(2)), ("deepseek-v2-lite", Parallelism(1)),
+                                       ("deepseek-v2-lite", Parallelism(1, ep=2, attention_dp=2)),
+                                       ("gpt-oss-20b", Parallelism(2))])
+def test_step_cost_prices_derived_decode_attention_as_the_real_trace(model, par):
+    """The search's decode attention beyond two sequences is priced from the derived trace: the same seconds as
+    pricing the real trace of that batch."""
+    spec, hw = resolve_model(model), load_profile("h100")
+    cost = StepCost(spec, hw, TraceOptions(), "engine", par)
+    for batch in (4, 32):
+        real = estimate(_decode(spec, batch, 2048), hw, "engine", par, "vllm").breakdown_s["attention"]
+        assert cost._decode_attention_s(batch, 2048) == real
+
+
+def test_experts_are_not_affine_in_the_tokens():
+    """Routed experts activate an expected number of experts that is not affine in the tokens: an affine rule
+    would price them wrongly, which is why a step's token buckets are traced for such ops."""
+    spec = resolve_model("deepseek-v2-lite")
+    one, two, eight = (trace(spec, Request(1, n, 0), TraceOptions()) for n in (1, 2, 8))
+    derived = derive(one, two, eight.request, 1, 2, 8, lambda op: op.experts is not None)
+    assert derived is not None and derived.ops != [op for op in eight.ops if op.experts is not None]
+
+
+def _op(rows: int, module: str = "m") -> Op:
+    return Op(name="aten.add", op_class=OTHER, unit="vector", flops=4.0 * rows, bytes_read=16.0 * rows + 2.0,
+              bytes_written=8.0 * rows, dtype="bf16", module=module, module_type="M", shapes=((rows, 4),))
+
+
+def test_derive_refuses_what_it_cannot_carry():
+    a, b = Trace("m", Request(1, 1), TraceOptions(), [_op(1)], 0, 0, 1, 0.0, 0.0), \
+        Trace("m", Request(1, 3), TraceOptions(), [_op(3)], 0, 0, 1, 0.0, 0.0)
+    at_two = derive(a, b, Request(1, 2), 1, 3, 2)
+    assert at_two.ops == [_op(2)] and at_two.request == Request(1, 2)
+    half = replace(b, ops=[_op(2)])                            # 2 rows at count 3: half a row per count
+    assert derive(a, half, Request(1, 5), 1, 3, 5).ops == [_op(3)]
+    assert derive(a, half, Request(1, 2), 1, 3, 2) is None     # 1.5 rows: an integer the rule cannot carry
+    other = replace(b, ops=[_op(3, module="n")])
+    assert derive(a, other, Request(1, 5), 1, 3, 5) is None   # a name that differs
+    assert derive(a, replace(b, ops=[_op(3)] * 2), Request(1, 5), 1, 3, 5) is None   # another op list
