@@ -154,7 +154,15 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         capacity = max(1.0, budget - n)
         return capacity if limits.chunked_prefill else max(capacity, prompt)   # a whole prompt, budget or not
 
+    moments: dict = {}     # (running, prefill tokens) -> step_moments: loads and fixed points revisit them
+
     def step_moments(n: float, p: float) -> tuple[float, float]:
+        key = (n, p)
+        if key not in moments:
+            moments[key] = fresh_moments(n, p)
+        return moments[key]
+
+    def fresh_moments(n: float, p: float) -> tuple[float, float]:
         """Mean and mean square of a step when prompts come whole: a step prefills the K prompts that arrived
         during the one before (K Poisson, or the two integers around its mean for evenly spaced arrivals), at
         most the budget left by the decodes; what exceeds it fills the following steps, and a prompt longer than
@@ -194,7 +202,14 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     def mean_step(n: float, p: float) -> float:
         return step_moments(n, p)[0]
 
+    states: dict = {}      # rate -> state(rate): feasible() and result() both ask for it
+
     def state(rate: float) -> tuple[float, float, float]:
+        if rate not in states:
+            states[rate] = fixed_point(rate)
+        return states[rate]
+
+    def fixed_point(rate: float) -> tuple[float, float, float]:
         """(running, prefill tokens per step, step seconds) at `rate`, by fixed-point iteration."""
         s = step(0, min(prompt, budget))
         for _ in range(60):
