@@ -171,19 +171,34 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         step a request arrives in is (the inspection paradox). Prompts count at their mean length."""
         room = prefill_capacity(n)
 
-        def steps_of(tokens: float) -> list[float]:
-            full, rest = divmod(tokens, room)
-            return [step(n, room)] * int(full) + ([step(n, rest)] if rest > 0 or not full else [])
+        runs = [(0, 0, 0)]   # (steps, sum, sum of squares) of f full steps, summed in order: runs[f]
 
-        def mix(weighted):   # (weight, the steps these prompts take)
-            count = sum(w * len(ts) for w, ts in weighted)
-            return (sum(w * sum(ts) for w, ts in weighted) / count,
-                    sum(w * sum(t * t for t in ts) for w, ts in weighted) / count)
+        def steps_of(tokens: float) -> tuple[int, float, float]:
+            """(steps, their sum, their sum of squares) these prompt tokens take: whole steps of `room` tokens,
+            then the rest (or one empty step)."""
+            full, rest = divmod(tokens, room)
+            f = int(full)
+            while len(runs) <= f:
+                a, (c, total, square) = step(n, room), runs[-1]
+                runs.append((c + 1, total + a, square + a * a))
+            c, total, square = runs[f]
+            if rest > 0 or not f:
+                t = step(n, rest)
+                return c + 1, total + t, square + t * t
+            return c, total, square
+
+        def one(t: float) -> tuple[int, float, float]:
+            return 1, t, t * t
+
+        def mix(weighted):   # (weight, steps_of these prompts)
+            count = sum(w * c for w, (c, _, _) in weighted)
+            return (sum(w * total for w, (_, total, _) in weighted) / count,
+                    sum(w * square for w, (_, _, square) in weighted) / count)
         if p <= 0:
-            return mix([(1.0, [step(n, 0)])])
+            return mix([(1.0, one(step(n, 0)))])
         if prompt >= room:
             f = min(1.0, p / room)
-            return mix([(f, [step(n, room)]), (1 - f, [step(n, 0)])])
+            return mix([(f, one(step(n, room))), (1 - f, one(step(n, 0)))])
         lam = p / prompt
         k = math.floor(lam)
         even = [(1 - (lam - k), steps_of(k * prompt)), (lam - k, steps_of((k + 1) * prompt))]

@@ -71,6 +71,8 @@ class StepCost:
         self._logits: dict = {}      # rows bucket -> seconds of the output projection of that many rows
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
         self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
+        self._decode_at: dict = {}   # (batch bucket, context) -> per sequence, interpolated in the context
+        self._prefill_at: dict = {}  # (token bucket, context, sequences bucket) -> per token, interpolated
         self._sampled: dict = {}     # rows -> sampling seconds
         self._memory: dict = {}      # (step tokens, memory fraction, reserve) -> ReplicaMemory
         self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
@@ -154,9 +156,12 @@ class StepCost:
         tb = _pow2_at_least(max(1, round(tokens)))
 
         def at_context(kb: int) -> float:
-            if context <= 0:
-                return self._per_token_prefill(tb, 0, kb)
-            return _pow2_lerp(lambda cb: self._per_token_prefill(tb, cb, kb), context, lowest=0)
+            key = (tb, context, kb)
+            v = self._prefill_at.get(key)
+            if v is None:
+                v = self._prefill_at[key] = self._per_token_prefill(tb, 0, kb) if context <= 0 else \
+                    _pow2_lerp(lambda cb: self._per_token_prefill(tb, cb, kb), context, lowest=0)
+            return v
 
         return _pow2_lerp(at_context, max(1.0, sequences)) * tokens * sequences
 
@@ -172,7 +177,10 @@ class StepCost:
                 v = self._decode[(bb, ctx)] = self._decode_attention_s(bb, ctx) / bb
             return v
 
-        return _pow2_lerp(per_seq, max(1, context)) * batch
+        v = self._decode_at.get((bb, context))
+        if v is None:
+            v = self._decode_at[(bb, context)] = _pow2_lerp(per_seq, max(1, context))
+        return v * batch
 
     def _decode_attention_s(self, batch: int, context: int) -> float:
         """Attention seconds of a decode step of `batch` sequences over `context` cached tokens each. Its work is
