@@ -50,6 +50,11 @@ def attention_work(op: Op) -> bool:
     return op.op_class == ATTENTION or op.kv_cache_write
 
 
+def outside_attention(op: Op) -> bool:
+    """Every other op: GEMMs, norms, activations, routing; their work grows with the tokens, not the context."""
+    return not attention_work(op)
+
+
 def _source_unused(a: Op, b: Op) -> bool:
     """`source` (the index of the op that produced the first input) only lets GEMMs that read one input merge;
     a subset of a trace whose op list grows with the count (routing ops from two tokens on) sees it move, and
@@ -74,4 +79,4 @@ def derive(at_a: Trace, at_b: Trace, request: Request, count_a: int, count_b: in
     return replace(at_a, request=request, ops=ops, trace_seconds=0.0)
 
 
-__all__ = ["attention_work", "derive"]
+__all__ = ["attention_work", "derive", "outside_attention"]

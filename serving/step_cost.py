@@ -26,7 +26,7 @@ from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
 from .capacity import ReplicaMemory, replica_memory
-from .derived_trace import attention_work, derive
+from .derived_trace import attention_work, derive, outside_attention
 
 
 def step_overheads(hw: HardwareProfile, engine: str, release: str | None = None) -> tuple[ServingOverheads, str]:
@@ -77,6 +77,8 @@ class StepCost:
         self._memory: dict = {}      # (step tokens, memory fraction, reserve) -> ReplicaMemory
         self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
         self._formats_notes: list[str] | None = None
+        self._affine_prefill: tuple | None = None   # (traces at 2 and 4 tokens) when derivable, () when not
+        self._attention_kernels = 0
 
     def _parts(self, request: Request) -> tuple[float, float]:
         """(seconds without attention, attention seconds) of one forward."""
@@ -86,8 +88,7 @@ class StepCost:
             parts = self.shared.get(key) if self.shared is not None else None
             if parts is None:
                 e = estimate(trace(self.spec, request, self.options), self.hw, self.execution, self.par, self.engine)
-                attention = e.breakdown_s["attention"]
-                parts = (e.wall_s - attention, attention)
+                parts = (_outside_attention(e), e.breakdown_s["attention"])
                 self._launches[request.query_length] = e.num_kernels
                 if self.shared is not None:
                     self.shared[key] = parts
@@ -109,8 +110,36 @@ class StepCost:
             return 0.0
         t = self._linear.get(tokens)
         if t is None:
-            t = self._linear[tokens] = _pow2_lerp(lambda n: self._parts(Request(1, n, 0))[0], tokens)
+            t = self._linear[tokens] = _pow2_lerp(self._linear_bucket, tokens)
         return t
+
+    def _linear_bucket(self, tokens: int) -> float:
+        """Everything but attention in a prefill step of `tokens` tokens (a power of two). Beyond four tokens,
+        engine steps of a model whose other ops are affine in the tokens are priced from a trace derived from
+        those of two and four (serving/derived_trace.py), once the derivation gives the traced 16-token step op
+        for op; otherwise (routed experts, whose active count is not affine; HF eager) each bucket is traced."""
+        derived = self._derived_prefill(tokens) if tokens > 4 and self.execution == ENGINE else None
+        if derived is None:
+            return self._parts(Request(1, tokens, 0))[0]
+        e = estimate(derived, self.hw, self.execution, self.par, self.engine)
+        self._launches[tokens] = e.num_kernels + self._attention_kernels
+        return _outside_attention(e)
+
+    def _derived_prefill(self, tokens: int):
+        if self._affine_prefill is None:
+            two, four, sixteen = (trace(self.spec, Request(1, n, 0), self.options) for n in (2, 4, 16))
+            check = derive(two, four, sixteen.request, 2, 4, 16, outside_attention)
+            self._affine_prefill = (two, four) if check is not None and \
+                check.ops == [op for op in sixteen.ops if outside_attention(op)] else ()
+            if self._affine_prefill:   # the attention kernels' launches, which the derived trace leaves out
+                self._parts(Request(1, 4, 0))
+                self._attention_kernels = self._launches[4] - estimate(
+                    derive(two, four, four.request, 2, 4, 4, outside_attention), self.hw, self.execution, self.par,
+                    self.engine).num_kernels
+        if not self._affine_prefill or tokens == 16:
+            return None
+        two, four = self._affine_prefill
+        return derive(two, four, Request(1, tokens, 0), 2, 4, tokens, outside_attention)
 
     def logits(self, rows: float) -> float:
         """The output projection of `rows` rows beyond the one `linear` includes: a step computes the next-token
@@ -287,6 +316,15 @@ class StepCost:
         verified = self._sampling(decoding * query) - self._sampling(decoding) if query > 1 and decoding > 0 else 0.0
         return kernels + verified + self.beyond_kernels(sequences, math.ceil(tokens), kernels,
                                                         decode_only=prefill_tokens <= 0)
+
+
+def _outside_attention(e) -> float:
+    """Seconds of a forward beyond its attention kernels: engine steps sum the other classes (no subtraction, so a
+    step priced from a derived trace without attention gives the same number); HF eager takes the wall clock less
+    attention (its host launches may outlast the kernels)."""
+    if e.host_s > 0:
+        return e.wall_s - e.breakdown_s["attention"]
+    return sum(seconds for kind, seconds in e.breakdown_s.items() if kind != "attention")
 
 
 def _pow2_lerp(f, x: float, lowest: int = 1) -> float:

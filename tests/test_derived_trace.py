@@ -7,7 +7,7 @@ import pytest
 
 from cost.estimate import Parallelism, estimate
 from cost.profile import load_profile
-from serving.derived_trace import attention_work, derive
+from serving.derived_trace import attention_work, derive, outside_attention
 from serving.step_cost import StepCost
 from tracer import Request, TraceOptions, resolve_model, trace
 from tracer.work import OTHER, Op, Trace
@@ -84,3 +84,38 @@ def test_derive_refuses_what_it_cannot_carry():
     other = replace(b, ops=[_op(3, module="n")])
     assert derive(a, other, Request(1, 5), 1, 3, 5) is None   # a name that differs
     assert derive(a, replace(b, ops=[_op(3)] * 2), Request(1, 5), 1, 3, 5) is None   # another op list
+
+
+DENSE = ["llama-3.2-1b", "qwen3-8b", "gemma-2-9b", "mistral-7b"]
+
+
+@pytest.mark.parametrize("model", DENSE)
+def test_prefill_outside_attention_derived_exactly(model):
+    """A dense model's ops beyond attention are affine in a step's tokens from two tokens on: derived from the
+    traces of 2 and 4 they are the traced ops at 8, 1000 and 16384 tokens, to the last FLOP and byte."""
+    spec = resolve_model(model)
+    two, four = (trace(spec, Request(1, n, 0), TraceOptions()) for n in (2, 4))
+    for n in (8, 1000, 16384):
+        real = trace(spec, Request(1, n, 0), TraceOptions())
+        derived = derive(two, four, real.request, 2, 4, n, outside_attention)
+        assert derived.ops == [op for op in real.ops if outside_attention(op)]
+
+
+@pytest.mark.parametrize("model,par", [("llama-3.2-1b", Parallelism(1)), ("qwen3-8b", Parallelism(2)),
+                                       ("gemma-2-9b", Parallelism(2, pp=2))])
+def test_step_cost_prefill_buckets_priced_as_the_real_traces(model, par):
+    """linear() beyond four tokens comes from derived traces: the same seconds and kernel launches as the real
+    trace of each bucket (which a fresh StepCost with derivation off prices)."""
+    spec, hw = resolve_model(model), load_profile("h100")
+    derived, real = (StepCost(spec, hw, TraceOptions(), "engine", par) for _ in range(2))
+    real._affine_prefill = ()          # off: every bucket traced
+    for n in (8, 64, 2048):
+        assert derived.linear(n) == real.linear(n)
+        assert derived._launches[n] == real._launches[n]
+    assert derived._affine_prefill     # the derivation was used
+
+
+def test_routed_experts_keep_their_prefill_buckets_traced():
+    cost = StepCost(resolve_model("deepseek-v2-lite"), load_profile("h100"), TraceOptions(), "engine", Parallelism(1))
+    cost.linear(64)
+    assert cost._affine_prefill == ()
