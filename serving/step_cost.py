@@ -79,6 +79,7 @@ class StepCost:
         self._formats_notes: list[str] | None = None
         self._affine_prefill: tuple | None = None   # (traces at 2 and 4 tokens) when derivable, () when not
         self._attention_kernels = 0
+        self._buckets: dict = {}     # power-of-two tokens -> linear seconds
 
     def _parts(self, request: Request) -> tuple[float, float]:
         """(seconds without attention, attention seconds) of one forward."""
@@ -118,12 +119,17 @@ class StepCost:
         engine steps of a model whose other ops are affine in the tokens are priced from a trace derived from
         those of two and four (serving/derived_trace.py), once the derivation gives the traced 16-token step op
         for op; otherwise (routed experts, whose active count is not affine; HF eager) each bucket is traced."""
-        derived = self._derived_prefill(tokens) if tokens > 4 and self.execution == ENGINE else None
-        if derived is None:
-            return self._parts(Request(1, tokens, 0))[0]
-        e = estimate(derived, self.hw, self.execution, self.par, self.engine)
-        self._launches[tokens] = e.num_kernels + self._attention_kernels
-        return _outside_attention(e)
+        seconds = self._buckets.get(tokens)
+        if seconds is None:
+            derived = self._derived_prefill(tokens) if tokens > 4 and self.execution == ENGINE else None
+            if derived is None:
+                seconds = self._parts(Request(1, tokens, 0))[0]
+            else:
+                e = estimate(derived, self.hw, self.execution, self.par, self.engine)
+                self._launches[tokens] = e.num_kernels + self._attention_kernels
+                seconds = _outside_attention(e)
+            self._buckets[tokens] = seconds
+        return seconds
 
     def _derived_prefill(self, tokens: int):
         if self._affine_prefill is None:
