@@ -181,7 +181,7 @@ class StepCost:
         per_token = self._prefill.get(key)
         if per_token is None:
             per_token = self._prefill[key] = \
-                self._parts(Request(seqs_bucket, tokens_bucket, context_bucket))[1] / (tokens_bucket * seqs_bucket)
+                self._attention_s(Request(seqs_bucket, tokens_bucket, context_bucket)) / (tokens_bucket * seqs_bucket)
         return per_token
 
     def prefill_attention(self, tokens: int, context: float, sequences: float = 1.0) -> float:
@@ -209,7 +209,7 @@ class StepCost:
         def per_seq(ctx: int) -> float:
             v = self._decode.get((bb, ctx))
             if v is None:
-                v = self._decode[(bb, ctx)] = self._decode_attention_s(bb, ctx) / bb
+                v = self._decode[(bb, ctx)] = self._attention_s(Request(bb, 1, ctx, decode=True)) / bb
             return v
 
         v = self._decode_at.get((bb, context))
@@ -217,17 +217,17 @@ class StepCost:
             v = self._decode_at[(bb, context)] = _pow2_lerp(per_seq, max(1, context))
         return v * batch
 
-    def _decode_attention_s(self, batch: int, context: int) -> float:
-        """Attention seconds of a decode step of `batch` sequences over `context` cached tokens each. Its work is
-        per sequence, so beyond two sequences it is derived from the traces of one and two (serving/derived_trace.py,
-        exact to the FLOP) and priced, not traced again; a model whose attention ops do not scale so is traced."""
-        request = Request(batch, 1, context, decode=True)
+    def _attention_s(self, request: Request) -> float:
+        """Attention seconds of a step of `request.num_queries` equal sequences (decode, or prefill chunks). The
+        work is per sequence, so beyond two sequences it is derived from the traces of one and two
+        (serving/derived_trace.py, exact to the FLOP) and priced, not traced again."""
+        batch = request.num_queries
         if batch <= 2:
             return self._parts(request)[1]
-        key = ("decode attention", batch, context)
+        key = ("attention", batch, request.query_length, request.context_length, request.decode)
         seconds = self.shared.get(key) if self.shared is not None else None
         if seconds is None:
-            one, two = (trace(self.spec, Request(b, 1, context, decode=True), self.options) for b in (1, 2))
+            one, two = (trace(self.spec, replace(request, num_queries=b), self.options) for b in (1, 2))
             derived = derive(one, two, request, 1, 2, batch, attention_work)
             if derived is None:
                 return self._parts(request)[1]

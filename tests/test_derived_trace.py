@@ -46,6 +46,14 @@ def test_decode_attention_derived_exactly(tmp_path, model, batch, context):
     assert derived.flops == sum(op.flops * op.count for op in expected)
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_prefill_chunks_attention_derived_exactly(model):
+    """Several prompt chunks in one step (a batched varlen prefill) attend each over its own context."""
+    spec = resolve_model(model)
+    one, two, real = (trace(spec, Request(b, 64, 512), TraceOptions()) for b in (1, 2, 8))
+    assert derive(one, two, real.request, 1, 2, 8, attention_work).ops == [op for op in real.ops if attention_work(op)]
+
+
 @pytest.mark.parametrize("model,par", [("llama-3.2-1b", Parallelism(2)), ("deepseek-v2-lite", Parallelism(1)),
                                        ("deepseek-v2-lite", Parallelism(1, ep=2, attention_dp=2)),
                                        ("gpt-oss-20b", Parallelism(2))])
@@ -56,7 +64,7 @@ def test_step_cost_prices_derived_decode_attention_as_the_real_trace(model, par)
     cost = StepCost(spec, hw, TraceOptions(), "engine", par)
     for batch in (4, 32):
         real = estimate(_decode(spec, batch, 2048), hw, "engine", par, "vllm").breakdown_s["attention"]
-        assert cost._decode_attention_s(batch, 2048) == real
+        assert cost._attention_s(Request(batch, 1, 2048, decode=True)) == real
 
 
 def test_experts_are_not_affine_in_the_tokens():
