@@ -7,7 +7,7 @@ import math
 
 
 def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: int, budget: int, chunked: bool,
-          tokens_per_step: float = 1.0) -> tuple[list[float], list[float], float]:
+         tokens_per_step: float = 1.0) -> tuple[list[float], list[float], float]:
     """An engine's steps over requests [(prompt tokens to prefill, output tokens)] arriving at `arrivals`
     (sorted seconds): (each request's wait for its first token, each TPOT, makespan from the first arrival to the
     last token). Each step fills the token budget with the running requests' decodes, then with prefill of the
