@@ -57,13 +57,16 @@ def test_prefill_chunks_attention_derived_exactly(model):
 @pytest.mark.parametrize("model,par", [("llama-3.2-1b", Parallelism(2)), ("deepseek-v2-lite", Parallelism(1)),
                                        ("deepseek-v2-lite", Parallelism(1, ep=2, attention_dp=2)),
                                        ("gpt-oss-20b", Parallelism(2))])
-def test_step_cost_prices_derived_decode_attention_as_the_real_trace(model, par):
+@pytest.mark.parametrize("execution", ["engine", "eager"])
+def test_step_cost_prices_derived_decode_attention_as_the_real_trace(model, par, execution):
     """The search's decode attention beyond two sequences is priced from the derived trace: the same seconds as
-    pricing the real trace of that batch."""
+    pricing the real trace of that batch, in an engine's kernels and in HF eager ones."""
+    if execution == "eager" and par.attention_dp > 1:
+        pytest.skip("attention data parallelism is priced for engine execution only")
     spec, hw = resolve_model(model), load_profile("h100")
-    cost = StepCost(spec, hw, TraceOptions(), "engine", par)
+    cost = StepCost(spec, hw, TraceOptions(), execution, par)
     for batch in (4, 32):
-        real = estimate(_decode(spec, batch, 2048), hw, "engine", par, "vllm").breakdown_s["attention"]
+        real = estimate(_decode(spec, batch, 2048), hw, execution, par, "vllm").breakdown_s["attention"]
         assert cost._attention_s(Request(batch, 1, 2048, decode=True)) == real
 
 
