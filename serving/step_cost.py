@@ -138,10 +138,9 @@ class StepCost:
             self._affine_prefill = (two, four) if check is not None and \
                 check.ops == [op for op in sixteen.ops if outside_attention(op)] else ()
             if self._affine_prefill:   # the attention kernels' launches, which the derived trace leaves out
-                self._parts(Request(1, 4, 0))
-                self._attention_kernels = self._launches[4] - estimate(
-                    derive(two, four, four.request, 2, 4, 4, outside_attention), self.hw, self.execution, self.par,
-                    self.engine).num_kernels
+                launches = [estimate(t, self.hw, self.execution, self.par, self.engine).num_kernels
+                            for t in (four, derive(two, four, four.request, 2, 4, 4, outside_attention))]
+                self._attention_kernels = launches[0] - launches[1]
         if not self._affine_prefill or tokens == 16:
             return None
         two, four = self._affine_prefill
