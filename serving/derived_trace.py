@@ -4,9 +4,12 @@ A search prices one model at dozens of step shapes that differ in one count: the
 tokens of a prefill step. Most ops' work is exactly affine in that count (a GEMM's rows, a norm's elements, the
 keys a decode attention reads per sequence times the sequences), so two traces at counts a and b give every
 field at any count x as f(a) + (f(b) - f(a)) (x - a) / (b - a): integers stay integers, FLOPs and bytes stay
-the exact values a trace would record (they are integer-valued or dyadic floats). An op whose fields are not
-affine (routed experts' expected active experts, a causal prefill's query-key pairs) is left to a real trace:
-`derive` returns None when a field cannot be derived, and callers then trace the shape.
+the exact values a trace would record (they are integer-valued or dyadic floats). Two traces cannot show that a
+field is affine, so a caller derives only along an axis where the work is affine by construction (the sequences
+of a step: each attends its own cache) or checks the derivation against a third trace (a dense model's prefill
+tokens: serving/step_cost.py checks against the traced 16-token step). Fields that are not affine (routed experts'
+expected active count, a causal prefill's query-key pairs) stay with real traces; `derive` returns None when the
+two traces differ in structure or an integer field would not be an integer.
 tests/test_derived_trace.py compares derived traces with real ones to the last FLOP and byte.
 """
 from __future__ import annotations
