@@ -4,12 +4,14 @@
 
 Each search runs in a fresh process with the trace cache off (TRACECOST_NO_CACHE=1), against a process that only
 imports torch and transformers' Llama class; the difference is the search. Cases: the README's Llama-3.1-70B search
-on 8 x H100 (both modes) and DeepSeek-V3 on 8 x H200 with attention-DP and EP.
+on 8 x H100 (both modes) and DeepSeek-V3 on 8 x H200 with attention-DP and EP. CPU time (user + system of
+the child) is printed too: on a shared machine it moves less with the other load than the wall clock does.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,22 +31,31 @@ CASES = {
 }
 
 
-def wall(cmd: list[str]) -> float:
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one run in a fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, TRACECOST_NO_CACHE="1"))
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def median_of(cmd: list[str], repeat: int) -> tuple[float, float]:
+    runs = [timed(cmd) for _ in range(repeat)]
+    return statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeat", type=int, default=1, help="runs per case; the median is reported (default 1)")
     args = p.parse_args(argv)
-    base = statistics.median(wall(IMPORTS) for _ in range(args.repeat))
-    print(f"bare imports: {base:.2f} s")
+    base, base_cpu = median_of(IMPORTS, args.repeat)
+    print(f"bare imports: {base:.2f} s wall, {base_cpu:.2f} s CPU")
     for name, case in CASES.items():
-        t = statistics.median(wall([sys.executable, "-m", "cli.inference.throughput_optimizer", *case])
-                              for _ in range(args.repeat))
-        print(f"{name}: {t:.2f} s wall, {t - base:.2f} s beyond the imports ({t / base:.1f}x)")
+        t, cpu = median_of([sys.executable, "-m", "cli.inference.throughput_optimizer", *case], args.repeat)
+        print(f"{name}: {t:.2f} s wall, {t - base:.2f} s beyond the imports ({t / base:.1f}x); "
+              f"CPU {cpu - base_cpu:.2f} s beyond them")
     return 0
 
 

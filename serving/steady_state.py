@@ -28,12 +28,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import heapq
-
 from .lengths import LengthDistribution, fixed_lengths
 from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, normal_mix_quantiles, peakedness,
                          ttft_quantiles)
 from .metrics import percentile
+from .step_walk import walk as _walk
 
 RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
 
@@ -154,7 +153,15 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         capacity = max(1.0, budget - n)
         return capacity if limits.chunked_prefill else max(capacity, prompt)   # a whole prompt, budget or not
 
+    moments: dict = {}     # (running, prefill tokens) -> step_moments: loads and fixed points revisit them
+
     def step_moments(n: float, p: float) -> tuple[float, float]:
+        key = (n, p)
+        if key not in moments:
+            moments[key] = fresh_moments(n, p)
+        return moments[key]
+
+    def fresh_moments(n: float, p: float) -> tuple[float, float]:
         """Mean and mean square of a step when prompts come whole: a step prefills the K prompts that arrived
         during the one before (K Poisson, or the two integers around its mean for evenly spaced arrivals), at
         most the budget left by the decodes; what exceeds it fills the following steps, and a prompt longer than
@@ -163,19 +170,34 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         step a request arrives in is (the inspection paradox). Prompts count at their mean length."""
         room = prefill_capacity(n)
 
-        def steps_of(tokens: float) -> list[float]:
-            full, rest = divmod(tokens, room)
-            return [step(n, room)] * int(full) + ([step(n, rest)] if rest > 0 or not full else [])
+        runs = [(0, 0, 0)]   # (steps, sum, sum of squares) of f full steps, summed in order: runs[f]
 
-        def mix(weighted):   # (weight, the steps these prompts take)
-            count = sum(w * len(ts) for w, ts in weighted)
-            return (sum(w * sum(ts) for w, ts in weighted) / count,
-                    sum(w * sum(t * t for t in ts) for w, ts in weighted) / count)
+        def steps_of(tokens: float) -> tuple[int, float, float]:
+            """(steps, their sum, their sum of squares) these prompt tokens take: whole steps of `room` tokens,
+            then the rest (or one empty step)."""
+            full, rest = divmod(tokens, room)
+            f = int(full)
+            while len(runs) <= f:
+                a, (c, total, square) = step(n, room), runs[-1]
+                runs.append((c + 1, total + a, square + a * a))
+            c, total, square = runs[f]
+            if rest > 0 or not f:
+                t = step(n, rest)
+                return c + 1, total + t, square + t * t
+            return c, total, square
+
+        def one(t: float) -> tuple[int, float, float]:
+            return 1, t, t * t
+
+        def mix(weighted):   # (weight, steps_of these prompts)
+            count = sum(w * c for w, (c, _, _) in weighted)
+            return (sum(w * total for w, (_, total, _) in weighted) / count,
+                    sum(w * square for w, (_, _, square) in weighted) / count)
         if p <= 0:
-            return mix([(1.0, [step(n, 0)])])
+            return mix([(1.0, one(step(n, 0)))])
         if prompt >= room:
             f = min(1.0, p / room)
-            return mix([(f, [step(n, room)]), (1 - f, [step(n, 0)])])
+            return mix([(f, one(step(n, room))), (1 - f, one(step(n, 0)))])
         lam = p / prompt
         k = math.floor(lam)
         even = [(1 - (lam - k), steps_of(k * prompt)), (lam - k, steps_of((k + 1) * prompt))]
@@ -194,7 +216,14 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     def mean_step(n: float, p: float) -> float:
         return step_moments(n, p)[0]
 
+    states: dict = {}      # rate -> state(rate): feasible() and result() both ask for it
+
     def state(rate: float) -> tuple[float, float, float]:
+        if rate not in states:
+            states[rate] = fixed_point(rate)
+        return states[rate]
+
+    def fixed_point(rate: float) -> tuple[float, float, float]:
         """(running, prefill tokens per step, step seconds) at `rate`, by fixed-point iteration."""
         s = step(0, min(prompt, budget))
         for _ in range(60):
@@ -481,58 +510,3 @@ def _walked(walk, steady: SteadyState, overhead_s: float, requests: list[tuple[i
     return SteadyState(True, rate, min(steady.running, len(requests)), steady.step_s, q, tpot_mean,
                        {k: v + (o - 1) * tpot_mean for k, v in q.items()}, rate * o,
                        rate * (tokens_in + o), limited, note, tpot, 0.0, steady.lengths)
-
-
-def _walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: int, budget: int, chunked: bool,
-          tokens_per_step: float = 1.0) -> tuple[list[float], list[float], float]:
-    """An engine's steps over requests [(prompt tokens to prefill, output tokens)] arriving at `arrivals`
-    (sorted seconds): (each request's wait for its first token, each TPOT, makespan from the first arrival to the
-    last token). Each step fills the token budget with the running requests' decodes, then with prefill of the
-    admitted prompts in order; at most `admit` requests run (prefilling or decoding) at once."""
-    n = len(arrivals)
-    t = arrivals[0]
-    waiting: list = []             # indices not yet admitted, in arrival order (a pointer into it)
-    head = 0
-    prefilling: list = []          # [arrival, prompt tokens left, output tokens]
-    decoding: list = []            # heap of (step index of its last token, first-token time, output tokens)
-    done, nxt, steps = 0, 0, 0
-    waits: list[float] = []
-    tpots: list[float] = []
-    while done < n:
-        while nxt < n and arrivals[nxt] <= t:
-            waiting.append(nxt)
-            nxt += 1
-        while head < len(waiting) and len(prefilling) + len(decoding) < admit:
-            k = waiting[head]
-            head += 1
-            prefilling.append([arrivals[k], requests[k][0], requests[k][1]])
-        if not prefilling and not decoding:
-            t = arrivals[nxt]      # idle until the next request arrives
-            continue
-        room, prefill, finished = budget - len(decoding), 0, 0
-        for item in prefilling:
-            if room <= 0:
-                break
-            take = min(item[1], room) if chunked else item[1]
-            if not chunked and take > room and prefill:
-                break                  # an unchunked prompt waits for a step with room for all of it
-            prefill += take
-            room -= take
-            item[1] -= take
-            if item[1]:
-                break
-            finished += 1
-        t += step(len(decoding), prefill)
-        steps += 1
-        while decoding and decoding[0][0] <= steps:
-            _, first, output = heapq.heappop(decoding)
-            done += 1
-            tpots.append((t - first) / (output - 1))
-        for arrival, _, output in prefilling[:finished]:
-            waits.append(t - arrival)
-            if output > 1:
-                heapq.heappush(decoding, (steps + math.ceil((output - 1) / tokens_per_step), t, output))
-            else:
-                done += 1
-        del prefilling[:finished]
-    return waits, tpots, t - arrivals[0]

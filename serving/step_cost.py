@@ -26,6 +26,7 @@ from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
 from .capacity import ReplicaMemory, replica_memory
+from .derived_trace import attention_work, derive, outside_attention
 
 
 def step_overheads(hw: HardwareProfile, engine: str, release: str | None = None) -> tuple[ServingOverheads, str]:
@@ -70,10 +71,23 @@ class StepCost:
         self._logits: dict = {}      # rows bucket -> seconds of the output projection of that many rows
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
         self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
+        self._decode_at: dict = {}   # (batch bucket, context) -> per sequence, interpolated in the context
+        self._prefill_at: dict = {}  # (token bucket, context, sequences bucket) -> per token, interpolated
         self._sampled: dict = {}     # rows -> sampling seconds
         self._memory: dict = {}      # (step tokens, memory fraction, reserve) -> ReplicaMemory
         self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
         self._formats_notes: list[str] | None = None
+        self._affine_prefill: tuple | None = None   # (traces at 2 and 4 tokens) when derivable, () when not
+        self._attention_kernels = 0
+        self._buckets: dict = {}     # power-of-two tokens -> linear seconds
+
+    def _trace(self, request: Request):
+        """The trace of one step shape; a model with no KV cache has no step a serving engine runs."""
+        traced = trace(self.spec, request, self.options)
+        if traced.recomputes_context:   # its steps are not a cached decode plus new tokens
+            raise ModelError(f"{self.spec.name} keeps no KV cache, so every step recomputes the whole sequence: "
+                             f"tracecost prices its single steps (text_generate without --output-length), not serving")
+        return traced
 
     def _parts(self, request: Request) -> tuple[float, float]:
         """(seconds without attention, attention seconds) of one forward."""
@@ -82,14 +96,8 @@ class StepCost:
             key = (request.num_queries, request.query_length, request.context_length, request.decode)
             parts = self.shared.get(key) if self.shared is not None else None
             if parts is None:
-                traced = trace(self.spec, request, self.options)
-                if traced.recomputes_context:   # its steps are not a cached decode plus new tokens
-                    raise ModelError(f"{self.spec.name} keeps no KV cache, so every step recomputes the whole "
-                                     f"sequence: tracecost prices its single steps (text_generate without "
-                                     f"--output-length), not serving")
-                e = estimate(traced, self.hw, self.execution, self.par, self.engine)
-                attention = e.breakdown_s["attention"]
-                parts = (e.wall_s - attention, attention)
+                e = estimate(self._trace(request), self.hw, self.execution, self.par, self.engine)
+                parts = (_outside_attention(e), e.breakdown_s["attention"])
                 self._launches[request.query_length] = e.num_kernels
                 if self.shared is not None:
                     self.shared[key] = parts
@@ -111,8 +119,40 @@ class StepCost:
             return 0.0
         t = self._linear.get(tokens)
         if t is None:
-            t = self._linear[tokens] = _pow2_lerp(lambda n: self._parts(Request(1, n, 0))[0], tokens)
+            t = self._linear[tokens] = _pow2_lerp(self._linear_bucket, tokens)
         return t
+
+    def _linear_bucket(self, tokens: int) -> float:
+        """Everything but attention in a prefill step of `tokens` tokens (a power of two). Beyond four tokens,
+        engine steps of a model whose other ops are affine in the tokens are priced from a trace derived from
+        those of two and four (serving/derived_trace.py), once the derivation gives the traced 16-token step op
+        for op; otherwise (routed experts, whose active count is not affine; HF eager) each bucket is traced."""
+        seconds = self._buckets.get(tokens)
+        if seconds is None:
+            derived = self._derived_prefill(tokens) if tokens > 4 and self.execution == ENGINE else None
+            if derived is None:
+                seconds = self._parts(Request(1, tokens, 0))[0]
+            else:
+                e = estimate(derived, self.hw, self.execution, self.par, self.engine)
+                self._launches[tokens] = e.num_kernels + self._attention_kernels
+                seconds = _outside_attention(e)
+            self._buckets[tokens] = seconds
+        return seconds
+
+    def _derived_prefill(self, tokens: int):
+        if self._affine_prefill is None:
+            two, four, sixteen = (self._trace(Request(1, n, 0)) for n in (2, 4, 16))
+            check = derive(two, four, sixteen.request, 2, 4, 16, outside_attention)
+            self._affine_prefill = (two, four) if check is not None and \
+                check.ops == [op for op in sixteen.ops if outside_attention(op)] else ()
+            if self._affine_prefill:   # the attention kernels' launches, which the derived trace leaves out
+                launches = [estimate(t, self.hw, self.execution, self.par, self.engine).num_kernels
+                            for t in (four, derive(two, four, four.request, 2, 4, 4, outside_attention))]
+                self._attention_kernels = launches[0] - launches[1]
+        if not self._affine_prefill or tokens == 16:
+            return None
+        two, four = self._affine_prefill
+        return derive(two, four, Request(1, tokens, 0), 2, 4, tokens, outside_attention)
 
     def logits(self, rows: float) -> float:
         """The output projection of `rows` rows beyond the one `linear` includes: a step computes the next-token
@@ -148,7 +188,7 @@ class StepCost:
         per_token = self._prefill.get(key)
         if per_token is None:
             per_token = self._prefill[key] = \
-                self._parts(Request(seqs_bucket, tokens_bucket, context_bucket))[1] / (tokens_bucket * seqs_bucket)
+                self._attention_s(Request(seqs_bucket, tokens_bucket, context_bucket)) / (tokens_bucket * seqs_bucket)
         return per_token
 
     def prefill_attention(self, tokens: int, context: float, sequences: float = 1.0) -> float:
@@ -158,9 +198,12 @@ class StepCost:
         tb = _pow2_at_least(max(1, round(tokens)))
 
         def at_context(kb: int) -> float:
-            if context <= 0:
-                return self._per_token_prefill(tb, 0, kb)
-            return _pow2_lerp(lambda cb: self._per_token_prefill(tb, cb, kb), context, lowest=0)
+            key = (tb, context, kb)
+            v = self._prefill_at.get(key)
+            if v is None:
+                v = self._prefill_at[key] = self._per_token_prefill(tb, 0, kb) if context <= 0 else \
+                    _pow2_lerp(lambda cb: self._per_token_prefill(tb, cb, kb), context, lowest=0)
+            return v
 
         return _pow2_lerp(at_context, max(1.0, sequences)) * tokens * sequences
 
@@ -173,10 +216,32 @@ class StepCost:
         def per_seq(ctx: int) -> float:
             v = self._decode.get((bb, ctx))
             if v is None:
-                v = self._decode[(bb, ctx)] = self._parts(Request(bb, 1, ctx, decode=True))[1] / bb
+                v = self._decode[(bb, ctx)] = self._attention_s(Request(bb, 1, ctx, decode=True)) / bb
             return v
 
-        return _pow2_lerp(per_seq, max(1, context)) * batch
+        v = self._decode_at.get((bb, context))
+        if v is None:
+            v = self._decode_at[(bb, context)] = _pow2_lerp(per_seq, max(1, context))
+        return v * batch
+
+    def _attention_s(self, request: Request) -> float:
+        """Attention seconds of a step of `request.num_queries` equal sequences (decode, or prefill chunks). The
+        work is per sequence, so beyond two sequences it is derived from the traces of one and two
+        (serving/derived_trace.py, exact to the FLOP) and priced, not traced again."""
+        batch = request.num_queries
+        if batch <= 2:
+            return self._parts(request)[1]
+        key = ("attention", batch, request.query_length, request.context_length, request.decode)
+        seconds = self.shared.get(key) if self.shared is not None else None
+        if seconds is None:
+            one, two = (self._trace(replace(request, num_queries=b)) for b in (1, 2))
+            derived = derive(one, two, request, 1, 2, batch, attention_work)
+            if derived is None:
+                return self._parts(request)[1]
+            seconds = estimate(derived, self.hw, self.execution, self.par, self.engine).breakdown_s["attention"]
+            if self.shared is not None:
+                self.shared[key] = seconds
+        return seconds
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)
@@ -264,6 +329,15 @@ class StepCost:
         verified = self._sampling(decoding * query) - self._sampling(decoding) if query > 1 and decoding > 0 else 0.0
         return kernels + verified + self.beyond_kernels(sequences, math.ceil(tokens), kernels,
                                                         decode_only=prefill_tokens <= 0)
+
+
+def _outside_attention(e) -> float:
+    """Seconds of a forward beyond its attention kernels: engine steps sum the other classes (no subtraction, so a
+    step priced from a derived trace without attention gives the same number); HF eager takes the wall clock less
+    attention (its host launches may outlast the kernels)."""
+    if e.host_s > 0:
+        return e.wall_s - e.breakdown_s["attention"]
+    return sum(seconds for kind, seconds in e.breakdown_s.items() if kind != "attention")
 
 
 def _pow2_lerp(f, x: float, lowest: int = 1) -> float:

@@ -32,6 +32,7 @@ class BuiltModel:
     dedup_verdict: str | None = None  # set by the dedup self-test: None (not run), "ok" or why dedup is off
     warmed: set[str] = field(default_factory=set)  # layer modes an untimed first forward has run in
     notes: list[str] = field(default_factory=list)
+    stored_bytes: dict = field(default_factory=dict)  # (weight dtype, from the config) -> stored weight bytes
 
     @property
     def layer_groups(self) -> list[list[int]]:

@@ -138,20 +138,24 @@ class Recorder(TorchDispatchMode):
         for b in model.buffers():
             self._buffers[b] = True
             self._weight_of[b] = b
-        for name, mod in model.named_modules():
-            self._hooks.append(mod.register_forward_pre_hook(self._push_hook(name, type(mod).__name__)))
-            self._hooks.append(mod.register_forward_hook(self._pop_hook))
+        # two process-wide module hooks, not two per module: registering a thousand hooks cost more than the
+        # forward itself (a DeepSeek-V3 step); they run before each module's own hooks, as the per-module ones
+        # registered here first did
+        self._names = {id(mod): (name, type(mod).__name__) for name, mod in model.named_modules()}
+        self._hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(self._push_hook))
+        self._hooks.append(torch.nn.modules.module.register_module_forward_hook(self._pop_hook))
 
     # --- module ownership -------------------------------------------------------------------------
-    def _push_hook(self, name, type_name):
-        def hook(module, args):
-            self._stack.append((name, type_name))
+    def _push_hook(self, module, args):
+        entry = self._names.get(id(module))
+        if entry is not None:         # a module of the traced model
+            self._stack.append(entry)
             self.modules.append(module)
-        return hook
 
     def _pop_hook(self, module, args, output):
-        self._stack.pop()
-        self.modules.pop()
+        if id(module) in self._names:
+            self._stack.pop()
+            self.modules.pop()
 
     def close(self):
         for h in self._hooks:

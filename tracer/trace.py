@@ -122,7 +122,8 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         model=spec.name, request=request, options=options, ops=ops, params=built.params,
         active_params=built.active_params, num_layers=built.num_layers,
         kv_bytes_per_token=kv_written / max(1, request.num_queries * run.query_length),
-        weight_bytes=stored_weight_bytes(built, formats, build_dtype), trace_seconds=time.perf_counter() - start,
+        weight_bytes=_stored_bytes(built, formats, build_dtype, (options.dtype, from_config)),
+        trace_seconds=time.perf_counter() - start,
         kv_element_size=kv_size, hidden_size=_hidden_size(built.config),
         unformulated=run.unformulated, notes=_notes(built, options, from_config, run), checks=run.checks,
         state_bytes_per_sequence=state_bytes, image_tokens=run.image_tokens, recomputes_context=recomputed)
@@ -156,6 +157,13 @@ def _output_module(model) -> str | None:
     """The path of the module producing the logits (lm_head), if the model has one."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return next((name for name, m in model.named_modules() if m is head), None) if head is not None else None
+
+
+def _stored_bytes(built: BuiltModel, formats: CheckpointFormats | None, unquantized: str, key: tuple) -> float:
+    """stored_weight_bytes, once per built model and weight format: a property of the model, not of the step."""
+    if key not in built.stored_bytes:
+        built.stored_bytes[key] = stored_weight_bytes(built, formats, unquantized)
+    return built.stored_bytes[key]
 
 
 def stored_weight_bytes(built: BuiltModel, formats: CheckpointFormats | None, unquantized: str) -> float:

@@ -1,0 +1,61 @@
+"""An engine's steps one by one over a finite set of requests: what the steady-state model walks when a burst or a
+finite overloaded run has no steady state (serving/steady_state.py)."""
+from __future__ import annotations
+
+import heapq
+import math
+
+
+def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: int, budget: int, chunked: bool,
+         tokens_per_step: float = 1.0) -> tuple[list[float], list[float], float]:
+    """An engine's steps over requests [(prompt tokens to prefill, output tokens)] arriving at `arrivals`
+    (sorted seconds): (each request's wait for its first token, each TPOT, makespan from the first arrival to the
+    last token). Each step fills the token budget with the running requests' decodes, then with prefill of the
+    admitted prompts in order; at most `admit` requests run (prefilling or decoding) at once."""
+    n = len(arrivals)
+    t = arrivals[0]
+    waiting: list = []             # indices not yet admitted, in arrival order (a pointer into it)
+    head = 0
+    prefilling: list = []          # [arrival, prompt tokens left, output tokens]
+    decoding: list = []            # heap of (step index of its last token, first-token time, output tokens)
+    done, nxt, steps = 0, 0, 0
+    waits: list[float] = []
+    tpots: list[float] = []
+    while done < n:
+        while nxt < n and arrivals[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        while head < len(waiting) and len(prefilling) + len(decoding) < admit:
+            k = waiting[head]
+            head += 1
+            prefilling.append([arrivals[k], requests[k][0], requests[k][1]])
+        if not prefilling and not decoding:
+            t = arrivals[nxt]      # idle until the next request arrives
+            continue
+        room, prefill, finished = budget - len(decoding), 0, 0
+        for item in prefilling:
+            if room <= 0:
+                break
+            take = min(item[1], room) if chunked else item[1]
+            if not chunked and take > room and prefill:
+                break                  # an unchunked prompt waits for a step with room for all of it
+            prefill += take
+            room -= take
+            item[1] -= take
+            if item[1]:
+                break
+            finished += 1
+        t += step(len(decoding), prefill)
+        steps += 1
+        while decoding and decoding[0][0] <= steps:
+            _, first, output = heapq.heappop(decoding)
+            done += 1
+            tpots.append((t - first) / (output - 1))
+        for arrival, _, output in prefilling[:finished]:
+            waits.append(t - arrival)
+            if output > 1:
+                heapq.heappush(decoding, (steps + math.ceil((output - 1) / tokens_per_step), t, output))
+            else:
+                done += 1
+        del prefilling[:finished]
+    return waits, tpots, t - arrivals[0]
