@@ -25,8 +25,10 @@ def test_the_stated_hit_rate_is_read(stated, rate):
 
 def test_a_full_hit_serves_whole_blocks_and_recomputes_the_last_token():
     predictor = Predictor()
-    cold, _ = map_row(ROW)
-    hot, _ = map_row({**ROW, "prefix_cache": {"enabled": True, "hit_rate": "~1.0"}})
+    offline = {**ROW, "engine_flags": None}     # no HTTP server: the burst's TTFT is its prefill, not the intake
+    cold, _ = map_row(offline)
+    hot, _ = map_row({**offline, "prefix_cache": {"enabled": True, "hit_rate": "~1.0"}})
+    assert cold.api_servers == 0
     cost = predictor.cost(hot)
     assert cost.defaults.cache_block_tokens == 16                   # vLLM's KV block
     assert predictor.cached_tokens(hot, cost) == 1008                # 1023 tokens, whole blocks of 16
