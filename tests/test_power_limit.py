@@ -129,3 +129,24 @@ def test_fit_power_refused_where_the_device_has_its_own_tables(capsys):
     data = str(ROOT / "tests" / "data" / "serving_inputs" / "mi300x_vllm066_rows.jsonl")
     assert from_serving([data, "--device", "l40s", "--engine", "vllm", "--fit-power", "--overheads", "none"]) == 2
     assert "--fit-power: l40s's engine kernels are fitted on its own tables" in capsys.readouterr().err
+
+
+def test_fit_power_recovers_a_known_clock():
+    """--fit-power's fit (serving/calibrate_serving.py Fit over PowerLimit) finds the clock that made the runs."""
+    from serving.calibrate_serving import Fit, ServingModel, with_scaling
+    from serving.measurements import BATCH, ServingMeasurement
+    from cost.engines import ServingOverheads
+    from cost.power import PowerLimit
+    base = with_scaling(load_profile("h100nvl"), PowerLimit(), "#test-base")
+    overheads = ServingOverheads()
+    truth = ServingModel(with_scaling(base, PowerLimit(matrix_clock=0.7), "#test-truth"), overheads)
+    runs = []
+    for i, (load, value, isl, osl) in enumerate([(BATCH, 64, 1024, 64), (BATCH, 8, 2048, 32), (MAX, 256, 512, 128)]):
+        m = ServingMeasurement(f"run{i}", "synthetic", "test", "llama-3.2-1b", "h100nvl", "trtllm", "", "bf16", None,
+                               1, isl, osl, load, value)
+        metric = "e2e_latency_ms" if load == BATCH else "output_tok_s"
+        runs.append(replace(m, measured={metric: truth.predict(m)[metric]}))
+    fit = Fit(base, "trtllm", runs, [], overheads, True, log=lambda _: None, device_set=PowerLimit)
+    values, std, mse = fit.run()
+    assert fit.names == ["matrix_clock"] and mse < 1e-4
+    assert values[0] == pytest.approx(0.7, abs=0.02)
