@@ -343,6 +343,9 @@ def run(args, argv: list[str]) -> int:
     if args.fit_power and not fit_device:
         raise ValueError(f"--fit-power: {hw.key}'s engine kernels are fitted on its own tables, which ran at its "
                          f"power limit")
+    if args.fit_power and not hw.power_origin:
+        raise ValueError(f"--fit-power: {hw.key} has no power_limit section; add one with its sourced board_w and "
+                         f"reference_board_w first (cost/power.py)")
     count = len(names) + (len(device_set.fitted_names()) if fit_device else 0)
     if len(fit_rows) <= count:
         where = f" (--fit-on {args.fit_on})" if args.fit_on else ""
@@ -465,9 +468,6 @@ def write_power(args, hw, power: PowerLimit, std, at_bound, source, summary, bet
     """The profile with its `power_limit.matrix_clock` fitted (its board limits, sourced, are kept)."""
     bundled = profiles_dir() / f"{hw.key.split(':')[0]}.json"
     data = json.loads((bundled if bundled.is_file() else Path(hw.path)).read_text())
-    if not isinstance(data.get("power_limit"), dict):
-        raise ValueError(f"--fit-power: {hw.key} has no power_limit section; add one with its sourced board_w and "
-                         f"reference_board_w first (cost/power.py)")
     error = std.get("matrix_clock")
     data["power_limit"].update({"matrix_clock": round(power.matrix_clock, 4), "origin": summary,
                                 "std_error": None if error is None else round(float(error), 4), "source": source})

@@ -150,3 +150,9 @@ def test_fit_power_recovers_a_known_clock():
     values, std, mse = fit.run()
     assert fit.names == ["matrix_clock"] and mse < 1e-4
     assert values[0] == pytest.approx(0.7, abs=0.02)
+
+
+def test_fit_power_needs_a_power_limit_section(capsys):
+    data = str(ROOT / "tests" / "data" / "serving_inputs" / "mi300x_vllm066_rows.jsonl")
+    assert from_serving([data, "--device", "mi300x", "--engine", "vllm", "--fit-power", "--overheads", "none"]) == 2
+    assert "--fit-power: mi300x has no power_limit section" in capsys.readouterr().err
