@@ -207,7 +207,8 @@ def with_topology(profile: HardwareProfile, name: str) -> HardwareProfile:
                    name=f"{profile.name} ({name})", interconnect_name=t.interconnect.name,
                    interconnect_bandwidth_gbps=t.interconnect.bandwidth_gbps,
                    interconnect_latency_us=t.interconnect.latency_us,
-                   domain_gpus=profile.domain_gpus if t.interconnect.domain_gpus is None else t.interconnect.domain_gpus)
+                   domain_gpus=t.interconnect.domain_gpus if t.interconnect.domain_gpus is not None
+                   else profile.domain_gpus)
 
 
 def profiles_dir() -> Path:

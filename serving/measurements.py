@@ -202,9 +202,9 @@ def parse_mlperf_summary(text: str, where: str, facts: RunFacts) -> list[Serving
 
 
 def _replicas(r: dict) -> int:
-    """Data-parallel copies of the engine a row ran (its GPUs over TP x PP, or its stated DP)."""
-    per_replica = int(r.get("tp") or 1) * int(r.get("pp") or 1)
-    return max(1, int(r.get("dp") or 0) or int(r.get("num_gpus") or per_replica) // per_replica)
+    """Data-parallel copies of the engine a row ran: its stated DP, as serving/published.py reads it (attention-DP
+    ranks are one engine, not copies)."""
+    return 1 if r.get("attention_dp") else max(1, int(r.get("dp") or 1))
 
 
 def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement:
@@ -227,7 +227,8 @@ def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement
     if r.get("output_tok_s") is not None and load != BATCH:   # a batch's tokens/s is derived from its latency
         measured["output_tok_s"] = float(r["output_tok_s"]) / replicas
     engine = next((name for key, name in ENGINES.items() if key in (r.get("engine") or "").lower()), None)
-    stated = {"id": r.get("id"), "model": r.get("model"), "device": system_device(GPUS.get(r.get("gpu"), r.get("gpu")), r.get("source")),
+    device = system_device(GPUS.get(r.get("gpu"), r.get("gpu")), r.get("source"))
+    stated = {"id": r.get("id"), "model": r.get("model"), "device": device,
               "engine": engine, "engine_version": r.get("engine_version"), "tp": r.get("tp"),
               "dtype": r.get("precision"), "kv_dtype": r.get("kv_cache_dtype"), "isl": r.get("isl"),
               "osl": r.get("osl"), "engine_flags": r.get("engine_flags")}

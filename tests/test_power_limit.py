@@ -108,11 +108,12 @@ def test_mlperf_systems_without_bridges_map_to_the_pcie_topology():
 
 def test_devset_rows_are_one_replica(tmp_path):
     """--from-serving fits one engine: a row on 8 GPUs at TP2 ran 4 replicas, each with a quarter of the load."""
-    rows = [{"id": "r-Offline", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM", "gpu": "H100-NVL-94GB",
-             "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8", "num_gpus": 8, "tp": 2, "isl": 222.3,
-             "osl": 290.0, "mode": "offline_max_throughput", "num_requests": 400, "output_tok_s": 8000.0,
-             "dataset": "MLPerf llama2-70b OpenOrca subset"},
-            {"id": "r-Server", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM", "gpu": "H100-NVL-94GB",
+    rows = [{"id": "r-Offline", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM",
+             "gpu": "H100-NVL-94GB", "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8", "num_gpus": 8,
+             "tp": 2, "dp": 4, "isl": 222.3, "osl": 290.0, "mode": "offline_max_throughput", "num_requests": 400,
+             "output_tok_s": 8000.0, "dataset": "MLPerf llama2-70b OpenOrca subset"},
+            {"id": "r-Server", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM",
+             "gpu": "H100-NVL-94GB",
              "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8", "num_gpus": 4, "tp": 1, "dp": 4,
              "isl": 222.3, "osl": 290.0, "mode": "online_request_rate", "request_rate": 20.0, "output_tok_s": 5800.0,
              "ttft_ms": {"mean": 200.0}}]
