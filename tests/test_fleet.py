@@ -270,8 +270,7 @@ def test_disaggregated_kv_moves_on_nvlink_inside_the_domain(device, link):
 
 
 @pytest.mark.parametrize("system, engine", [("gb200", "vllm"), ("gb200", "trtllm"), ("gb200", "sglang"),
-                                            ("gb300", "vllm"),
-                                            ("b300_sxm", "vllm"), ("rtx_pro_6000_server", "vllm")])
+                                            ("gb300", "vllm"), ("b300_sxm", "vllm"), ("rtx_pro_6000_server", "vllm")])
 def test_nvl72_fits_predict_held_out_table_rows(system, engine):
     """Fitted on a seeded half of AIConfigurator 0.12's tables; these rows are from the other half."""
     import numpy as np
