@@ -37,7 +37,6 @@ from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_d
 from tracer.model_source import ModelError, resolve_model
 from tracer.work import TraceOptions
 
-from .capacity import OUTPUT_KV_SHARE
 from .lengths import bundled
 from .measurements import BATCH, CONCURRENCY, MAX, MeasurementError, RunFacts, ServingMeasurement, load_files
 from .published import MODELS
@@ -90,8 +89,7 @@ class ServingModel:
         tokens = s.max_batched_tokens or d.max_batched_tokens
         kv = cost.replica_memory(tokens, s.memory_fraction).kv_tokens
         return Limits(s.max_num_seqs or d.max_num_seqs, tokens, kv,
-                      d.chunked_prefill if s.chunked_prefill is None else s.chunked_prefill,
-                      output_kv_share=OUTPUT_KV_SHARE[m.engine])
+                      d.chunked_prefill if s.chunked_prefill is None else s.chunked_prefill)
 
     def _predict(self, cost: StepCost, m: ServingMeasurement) -> dict[str, float]:
         limits = self._limits(cost, m)
