@@ -234,6 +234,8 @@ def load_device(args) -> HardwareProfile:
 def origin_notes(origin: dict) -> list[str]:
     """A result's `origin` JSON (cost/provenance.py Origin.as_json) as note lines: where its numbers come from."""
     out = [f"kernel numbers: {origin['kernels']}"]
+    if origin.get("power_limit"):
+        out.append(origin["power_limit"])
     if origin.get("overheads"):
         out.append(f"step overheads: {origin['overheads']}")
     return out

@@ -236,6 +236,8 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
     breakdown[COMMUNICATION] = comm
     launches = sum(k.count for k in kernels)
     origin = kernel_origin(hw, engine if execution == ENGINE else None)
+    if origin.power:
+        notes.append(origin.power)
     if origin.headline():
         notes.insert(0, origin.headline())
     return Estimate(device=hw.name, execution=execution, parallelism=par, latency_s=sum(breakdown.values()),

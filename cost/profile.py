@@ -90,6 +90,11 @@ class HardwareProfile:
     topology: str = ""            # the topology this profile was loaded with ("" : the measured one)
     gpu_hour_usd: float = 0.0     # rent per GPU-hour (0: the profile states none)
     price_origin: str = ""        # its source and date
+    # a board power limit binding harder than on the device the kernel models were fitted on (cost/power.py):
+    # dense matrix work runs at this fraction of the datasheet clock; 1: no such limit
+    matrix_clock: float = 1.0
+    board_w: float = 0.0          # the board power limit (0: unstated)
+    power_origin: str = ""        # where matrix_clock comes from (sourced or fitted)
 
     @property
     def memory_bytes(self) -> float:
@@ -150,11 +155,21 @@ class HardwareProfile:
         return None
 
     def matrix_peak(self, dtype: str) -> float:
-        """FLOP/s of the matrix units for dtype; a dtype the chip lacks is an error, never zero."""
+        """FLOP/s the matrix units sustain for dtype: the datasheet peak at the clock a board power limit leaves
+        dense matrix work (`matrix_clock`, 1 unless the profile has a `power_limit`); a dtype the chip lacks is an
+        error, never zero."""
         if dtype not in self.matrix_tflops:
             raise ProfileError(f"{self.name} has no native {dtype} matrix support "
                                f"(supported: {', '.join(sorted(self.matrix_tflops))})")
-        return self.matrix_tflops[dtype] * 1e12
+        return self.matrix_tflops[dtype] * 1e12 * self.matrix_clock
+
+    @property
+    def power_note(self) -> str | None:
+        """One line saying how the power limit enters the prices, None when the profile has none."""
+        if self.matrix_clock >= 1.0 and not self.power_origin:
+            return None
+        return (f"power limit: dense matrix work on {self.name} priced at {self.matrix_clock:.3g} of the datasheet "
+                f"clock ({self.board_w:g} W board limit; {self.power_origin})")
 
     def vector_peak(self, dtype: str) -> float:
         return self.vector_tflops.get(dtype, self.vector_tflops.get("fp32", 1.0)) * 1e12
@@ -191,7 +206,9 @@ def with_topology(profile: HardwareProfile, name: str) -> HardwareProfile:
     return replace(profile, key=f"{profile.key}:{name}", path=f"{profile.path}:{name}", topology=name,
                    name=f"{profile.name} ({name})", interconnect_name=t.interconnect.name,
                    interconnect_bandwidth_gbps=t.interconnect.bandwidth_gbps,
-                   interconnect_latency_us=t.interconnect.latency_us)
+                   interconnect_latency_us=t.interconnect.latency_us,
+                   domain_gpus=t.interconnect.domain_gpus if t.interconnect.domain_gpus is not None
+                   else profile.domain_gpus)
 
 
 def profiles_dir() -> Path:
@@ -287,7 +304,9 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies),
         domain_gpus=f.interconnect.domain_gpus or 0, **_scale_out(f),
         **({"gpu_hour_usd": f.price.gpu_hour_usd, "price_origin": f"{f.price.source}, {f.price.date}"}
-           if f.price else {}))
+           if f.price else {}),
+        **({"matrix_clock": f.power_limit.matrix_clock, "board_w": f.power_limit.board_w,
+            "power_origin": f.power_limit.origin} if f.power_limit else {}))
 
 
 def _scale_out(f: ProfileFile) -> dict:

@@ -11,11 +11,18 @@ fitted parameter sets); the fitted numbers are checked by the parameter sets' ow
 from __future__ import annotations
 
 import re
+from dataclasses import fields as dataclass_fields
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from .engines import ENGINES
+from .power import PowerLimit
+
+
+def fields_bounds(cls, name: str) -> tuple[float, float]:
+    """A parameter set field's physical range (cost/engine_kernels/params.py), for the schema to check."""
+    return next(f.metadata["bounds"] for f in dataclass_fields(cls) if f.name == name)
 
 
 class ProfileSchemaError(ValueError):
@@ -66,6 +73,16 @@ class Price(_Section):
     gpu_hour_usd: _finite(high=1e4, gt=0.0)
     source: StrictStr = Field(min_length=1)
     date: StrictStr = Field(min_length=4)
+
+
+class PowerLimitSchema(_Section):
+    """A board power limit that holds the clock of dense matrix work below the datasheet's (cost/power.py)."""
+    board_w: _finite(high=1e4, gt=0.0)              # this part's board power limit, W
+    reference_board_w: _finite(high=1e4, gt=0.0)    # the limit of the device its kernel models were fitted on
+    matrix_clock: _finite(*fields_bounds(PowerLimit, "matrix_clock"))
+    origin: StrictStr = Field(min_length=1)         # sourced or fitted: the command, rows and date
+    std_error: _finite(0.0, 10.0) | None = None
+    source: dict[StrictStr, Any] = {}
 
 
 class HostLink(_Section):
@@ -142,6 +159,7 @@ class ProfileFile(_Section):
     scale_out: ScaleOut | None = None        # the network between nodes: interconnect's fields and gpus_per_node
     price: Price | None = None               # rent per GPU-hour, with its source and date
     host_link: HostLink
+    power_limit: PowerLimitSchema | None = None     # a power-capped part running a less capped part's kernel fits
     kernel_launch_us: PositiveMicroseconds
     efficiency: dict[StrictStr, Any] | None = None     # Inherited or EfficiencySchema: checked in validate_profile
     engines: dict[StrictStr, Any] = {}                  # shape checked in validate_profile
@@ -211,7 +229,18 @@ def validate_profile(data, where: str) -> ProfileFile:
     if profile.efficiency is not None:
         validate_efficiency(profile.efficiency, where)
     validate_engines(profile.engines, where)
+    if profile.power_limit is not None and not _engines_carried(profile.engines):
+        raise ProfileSchemaError(f"{where}: field 'power_limit': the engine kernels are fitted on this device's own "
+                                 f"tables, which ran at its power limit; a power_limit applies only to kernel models "
+                                 f"carried over (\"engines\": {{\"from\": ...}})")
     return profile
+
+
+def _engines_carried(engines: dict) -> bool:
+    """Every engine's kernel models come from another profile (or the default sibling: no section)."""
+    if not engines or "from" in engines:
+        return True
+    return all(isinstance(body, dict) and "from" in body for body in engines.values())
 
 
 def profile_json_schema() -> dict:

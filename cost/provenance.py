@@ -21,6 +21,7 @@ class Origin:
     kernels_engine: str | None        # the engine whose kernels they are (vLLM's when the device has none of `engine`)
     overheads: str | None = None      # the step overheads' origin (serving commands)
     scaled_on: tuple[str, ...] = ()   # profiles on the way whose serving-run fit scales the carried models
+    power: str | None = None          # how the device's board power limit scales its matrix peaks (cost/power.py)
 
     @property
     def carried_over(self) -> bool:
@@ -45,6 +46,8 @@ class Origin:
         head = self.headline()
         out = [head] if head else []
         out.append(f"kernel numbers: {self.kernels}")
+        if self.power:
+            out.append(self.power)
         if self.overheads:
             out.append(f"step overheads: {self.overheads}")
         return out
@@ -52,7 +55,8 @@ class Origin:
     def as_json(self) -> dict:
         return {"device": self.device, "engine": self.engine, "carried_over": self.carried_over,
                 "fitted_on": self.fitted_on, "kernels_engine": self.kernels_engine, "kernels": self.kernels,
-                "scaled_on": list(self.scaled_on), "overheads": self.overheads, "headline": self.headline()}
+                "scaled_on": list(self.scaled_on), "overheads": self.overheads, "headline": self.headline(),
+                "power_limit": self.power}
 
 
 def _engines_parent(hw: HardwareProfile, engine: str) -> str | None:
@@ -103,11 +107,11 @@ def _kernel_origin(hw: HardwareProfile, engine: str | None, overheads: str | Non
         eff = hw.efficiency
         # a named topology ("l40s:pcie-switch") renames the profile, not the device its fit was made on
         fitted = hw.name if eff.origin.startswith("fitted") else eff.fitted_on
-        return Origin(hw.name, None, eff.origin, fitted or None, None, overheads)
+        return Origin(hw.name, None, eff.origin, fitted or None, None, overheads, power=hw.power_note)
     cal = hw.engine(engine)
     fitted, kernels_engine, scaled = kernels_fitted_on(hw, engine)    # a topology keeps its profile's engines
     own = fitted is not None and fitted.key == hw.key
     fitted_name = None if fitted is None else (hw.name if own else fitted.name)
     if own and not cal.origin.startswith("fitted") and kernels_engine == engine:
         fitted_name = None    # a section of its own that is not a fit (defaults)
-    return Origin(hw.name, engine, cal.origin, fitted_name, kernels_engine, overheads, scaled)
+    return Origin(hw.name, engine, cal.origin, fitted_name, kernels_engine, overheads, scaled, hw.power_note)

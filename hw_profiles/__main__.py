@@ -72,6 +72,8 @@ def show(args) -> int:
             "efficiency_origin": hw.efficiency.origin,
             "price": {"usd_per_gpu_hour": hw.gpu_hour_usd, "origin": hw.price_origin} if hw.gpu_hour_usd else None,
             "topologies": {name: t.description for name, t in hw.topologies.items()},
+            "power_limit": {"board_w": hw.board_w, "matrix_clock": hw.matrix_clock, "origin": hw.power_origin}
+            if hw.power_origin else None,
             "engines": {name: {"origin": cal.origin, "inherited": list(cal.inherited), "fit": fit_status(hw, name)}
                         for name, cal in _engines(hw).items()},
             "refused_engines": _refused(hw),
@@ -98,6 +100,8 @@ def show(args) -> int:
         hw = profiles[0]
         print(f"\nmatrix TFLOP/s: {_fmt(hw.matrix_tflops)}\nvector TFLOP/s: {_fmt(hw.vector_tflops)}")
         print(f"eager efficiency: {hw.efficiency.origin}")
+        if hw.power_note:
+            print(hw.power_note)
         print(f"price: ${hw.gpu_hour_usd:g} per GPU-hour ({hw.price_origin})" if hw.gpu_hour_usd
               else "price: none stated (give --gpu-hour-price to the serving CLIs)")
         if hw.topology:

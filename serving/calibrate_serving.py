@@ -31,11 +31,13 @@ import numpy as np
 
 from cost.engine_kernels.device_fit import DeviceScaling
 from cost.engines import ENGINES, ServingOverheads
+from cost.power import PowerLimit
 from cost.estimate import Parallelism
-from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_dir
+from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_dir, with_topology
 from tracer.model_source import ModelError, resolve_model
 from tracer.work import TraceOptions
 
+from .lengths import bundled
 from .measurements import BATCH, CONCURRENCY, MAX, MeasurementError, RunFacts, ServingMeasurement, load_files
 from .published import MODELS
 from .steady_state import Limits, Load, solve
@@ -60,11 +62,15 @@ class ServingModel:
             cost.overheads = overheads
 
     def cost(self, m: ServingMeasurement) -> StepCost:
-        key = (m.model, m.engine, m.dtype, m.kv_dtype, m.tp)
+        # a run whose system joins its GPUs otherwise ("h100nvl:pcie": no NVLink bridges) prices its collectives
+        # on that topology of the profile being fitted
+        topology = m.device.rpartition(":")[2] if ":" in m.device else ""
+        key = (m.model, m.engine, m.dtype, m.kv_dtype, m.tp, topology)
         if key not in self._costs:
             spec = resolve_model(MODELS.get(m.model, m.model))
             options = TraceOptions(dtype=m.dtype, kv_cache_dtype=m.kv_dtype)
-            self._costs[key] = StepCost(spec, self.hw, options, "engine", Parallelism(m.tp), m.engine, self.overheads)
+            hw = with_topology(self.hw, topology) if topology and not self.hw.topology else self.hw
+            self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(m.tp), m.engine, self.overheads)
         return self._costs[key]
 
     def predict(self, m: ServingMeasurement) -> dict[str, float]:
@@ -96,8 +102,9 @@ class ServingModel:
         # `vllm bench serve` runs come through the HTTP server; the offline scripts and MLPerf harnesses do not
         through_server = m.format == "vllm_serve" or m.settings.api_server
         frontend_s = cost.overheads.frontend_ms * 1e-3 / max(1, m.settings.api_servers) if through_server else 0.0
+        lengths = bundled(m.lengths).scaled(osl) if m.lengths else None
         state = solve(cost.steady, isl, osl, 0, load, limits, cost.overheads.request_ms * 1e-3,
-                      frontend_s=frontend_s)
+                      frontend_s=frontend_s, lengths=lengths, tokens_per_step=cost.tokens_per_step)
         return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
                 "output_tok_s": state.output_tokens_per_s, "e2e_latency_ms": state.e2e_s.get("mean", 0.0) * 1e3}
 
@@ -143,13 +150,14 @@ class Fit:
     """Bounded least squares over a few named parameters: the device scaling and some engine overheads."""
 
     def __init__(self, hw: HardwareProfile, engine: str, rows: list[ServingMeasurement], overhead_names: list[str],
-                 start_overheads: ServingOverheads, fit_device: bool, log=print):
+                 start_overheads: ServingOverheads, fit_device: bool, log=print, device_set: type = DeviceScaling):
         self.base, self.engine, self.rows, self.log = hw, engine, rows, log
-        self.device_names = DeviceScaling.fitted_names() if fit_device else []
+        self.device_names = device_set.fitted_names() if fit_device else []
         self.overhead_names = list(overhead_names)
         self.start_overheads = start_overheads
-        self.start_scaling = DeviceScaling()
-        bounds = {f.name: f.metadata["bounds"] for f in fields(DeviceScaling) + fields(ServingOverheads)}
+        # the power limit's clock starts inside its range (1.0, no limit, is its upper bound)
+        self.start_scaling = PowerLimit(matrix_clock=0.8) if device_set is PowerLimit else device_set()
+        bounds = {f.name: f.metadata["bounds"] for f in fields(device_set) + fields(ServingOverheads)}
         self.names = self.device_names + self.overhead_names
         self.lo = np.array([bounds[n][0] for n in self.names], float)
         self.hi = np.array([bounds[n][1] for n in self.names], float)
@@ -200,8 +208,11 @@ class Fit:
         return self.lo + u * (self.hi - self.lo), std, float(r @ r) / max(1, len(r))
 
 
-def with_scaling(hw: HardwareProfile, scaling: DeviceScaling, tag: str) -> HardwareProfile:
-    """The profile with its inherited engine models scaled by `scaling` (a candidate of the fit)."""
+def with_scaling(hw: HardwareProfile, scaling: DeviceScaling | PowerLimit, tag: str) -> HardwareProfile:
+    """The profile with its inherited engine models scaled by `scaling`, or its matrix clock set by a power limit
+    (a candidate of the fit)."""
+    if isinstance(scaling, PowerLimit):
+        return replace(hw, matrix_clock=scaling.matrix_clock, path=f"{hw.path}{tag}")
     raw = dict(hw.engines_data) if hw.engines_data else {"from": "h100"}
     raw["serving_fit"] = {"params": scaling.to_json(), "origin": "a serving fit in progress"}
     return replace(hw, engines_data=raw, path=f"{hw.path}{tag}")
@@ -282,6 +293,10 @@ def main(argv=None) -> int:
                              ("--engine-flags", str, "the engine's launch flags (--max-num-seqs, "
                                                      "--max-num-batched-tokens, --enable-chunked-prefill, ...)")):
         p.add_argument(flag, type=kind, help=f"{text}, where a file does not say")
+    p.add_argument("--fit-power", action="store_true",
+                   help="fit the power limit's matrix clock (the profile's power_limit.matrix_clock, cost/power.py) "
+                        "instead of the four kernel scalings: a power-capped part carrying a less capped "
+                        "sibling's kernel models")
     p.add_argument("--output", help="calibrated profile to write (default calibrated-DEVICE-serving.json)")
     p.add_argument("--overheads-output", help="also write the fitted overheads in cost/engine_serving.json's format")
     p.add_argument("--write-profile", action="store_true", help="replace the bundled profile if the fit beats it "
@@ -322,7 +337,14 @@ def run(args, argv: list[str]) -> int:
         fit_rows, held = rows, []
     names = _overhead_names(args.overheads, fit_rows)
     fit_device = device_fit_applies(hw)
-    count = len(names) + (len(DeviceScaling.fitted_names()) if fit_device else 0)
+    device_set = PowerLimit if args.fit_power else DeviceScaling
+    if args.fit_power and not fit_device:
+        raise ValueError(f"--fit-power: {hw.key}'s engine kernels are fitted on its own tables, which ran at its "
+                         f"power limit")
+    if args.fit_power and not hw.power_origin:
+        raise ValueError(f"--fit-power: {hw.key} has no power_limit section; add one with its sourced board_w and "
+                         f"reference_board_w first (cost/power.py)")
+    count = len(names) + (len(device_set.fitted_names()) if fit_device else 0)
     if len(fit_rows) <= count:
         where = f" (--fit-on {args.fit_on})" if args.fit_on else ""
         raise ValueError(f"{len(fit_rows)} usable rows to fit{where}: too few for {count} parameters")
@@ -340,21 +362,21 @@ def run(args, argv: list[str]) -> int:
         start = replace(start, step_us=min(20000.0, start.step_us + start.gpu_sync_us * (tp - 1)), gpu_sync_us=0.0)
         note = f"every fitted row is TP {tp}: step_us holds the rank sync too (gpu_sync_us set to 0)"
     log(f"fitting {len(fit_rows)} rows ({len(held)} held out): "
-        f"{', '.join((DeviceScaling.fitted_names() if fit_device else []) + names)}; overheads start from {origin}")
-    fit = Fit(hw, args.engine, fit_rows, names, start, fit_device, log)
+        f"{', '.join((device_set.fitted_names() if fit_device else []) + names)}; overheads start from {origin}")
+    fit = Fit(hw, args.engine, fit_rows, names, start, fit_device, log, device_set)
     values, std, mse = fit.run()
     scaling, overheads = fit.values((values - fit.lo) / (fit.hi - fit.lo))
     before, after = ServingModel(hw), fit.model(scaling, overheads)
     lines = [f"fitted {len(fit_rows)} rows of {hw.name}, {ENGINES[args.engine].label}: rms log error "
              f"{math.sqrt(mse):.3f}"]
-    docs = {**DeviceScaling.describe(), **ServingOverheads.describe()}
+    docs = {**device_set.describe(), **ServingOverheads.describe()}
     for n, v, s, lo, hi in zip(fit.names, values, std, fit.lo, fit.hi):
         at_edge = min(v - lo, hi - v) < 1e-3 * (hi - lo)
         error = "at its bound" if at_edge else f"+- {s:.3g}"
         lines.append(f"  {n:<12} {v:10.4g} {error:<14} in [{lo:g}, {hi:g}]: {docs[n]}")
     if note:
         lines.append(f"  note: {note}")
-    if fit_device:
+    if fit_device and not args.fit_power:
         lines += implied_fractions(after.hw, fit_rows)
     lines += error_table("fitted rows, before (current profile) -> after:", errors_by_group(before, fit_rows))
     lines += error_table("  after:", errors_by_group(after, fit_rows))
@@ -411,6 +433,8 @@ def write(args, hw, scaling, overheads, std, at_bound, fit_device, source, summa
         if not args.overheads_output:
             log("nothing written: the device has its own kernel tables; --overheads-output FILE keeps the overheads")
         return 0
+    if isinstance(scaling, PowerLimit):
+        return write_power(args, hw, scaling, std, at_bound, source, summary, better, log)
     section = {"origin": summary, "engine": args.engine, "params": scaling.to_json(),
                "std_error": {k: v for k, v in rounded.items() if k in scaling.fitted_names()},
                "overheads": o_json, "overheads_std_error": {k: v for k, v in rounded.items() if k in o_json},
@@ -424,6 +448,31 @@ def write(args, hw, scaling, overheads, std, at_bound, fit_device, source, summa
     data["engines"] = {"from": (hw.engines_data or {}).get("from", "h100"), "serving_fit": section}
     text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     output = Path(args.output or f"calibrated-{hw.key}-serving.json")
+    if output.resolve() == bundled.resolve():
+        print("error: --output would overwrite the bundled profile; use --write-profile", file=sys.stderr)
+        return 2
+    output.write_text(text)
+    log(f"wrote {output}")
+    if args.write_profile:
+        if not better:
+            log(f"not replacing {bundled}: the fit is not better than the current profile on the fitted rows")
+            return 1
+        bundled.write_text(text)
+        log(f"replaced {bundled}")
+    return 0
+
+
+def write_power(args, hw, power: PowerLimit, std, at_bound, source, summary, better, log) -> int:
+    """The profile with its `power_limit.matrix_clock` fitted (its board limits, sourced, are kept)."""
+    bundled = profiles_dir() / f"{hw.key.split(':')[0]}.json"
+    data = json.loads((bundled if bundled.is_file() else Path(hw.path)).read_text())
+    error = std.get("matrix_clock")
+    data["power_limit"].update({"matrix_clock": round(power.matrix_clock, 4), "origin": summary,
+                                "std_error": None if error is None else round(float(error), 4), "source": source})
+    if at_bound:
+        data["power_limit"]["source"]["at_bound"] = at_bound
+    text = json.dumps(data, indent=1, allow_nan=False) + "\n"
+    output = Path(args.output or f"calibrated-{hw.key.split(':')[0]}-serving.json")
     if output.resolve() == bundled.resolve():
         print("error: --output would overwrite the bundled profile; use --write-profile", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 from tracer.cli_io import json_lines
@@ -31,6 +32,19 @@ BATCH, MAX, RATE, CONCURRENCY = "batch", "max", "rate", "concurrency"
 GPUS = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100", "L40S-48GB": "l40s",
         "B200-SXM-180GB": "b200", "MI300X-192GB": "mi300x", "RTX4090-24GB": "rtx4090"}
 ENGINES = {"tensorrt-llm": "trtllm", "trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
+
+
+@lru_cache(maxsize=1)
+def _system_topologies() -> dict[str, str]:
+    data = json.loads((Path(__file__).parent / "data" / "mlperf_systems.json").read_text(encoding="utf-8"))
+    return {path: entry["topology"] for path, entry in data["systems"].items()}
+
+
+def system_device(device: str | None, source: str | None) -> str | None:
+    """The profile of a published run's GPUs as its system joins them: `DEVICE:TOPOLOGY` where the submitter's
+    system description states another interconnect than the profile's (serving/data/mlperf_systems.json)."""
+    topology = next((t for path, t in _system_topologies().items() if path in (source or "")), None)
+    return f"{device}:{topology}" if device and topology and ":" not in device else device
 
 
 class MeasurementError(ValueError):
@@ -77,6 +91,7 @@ class ServingMeasurement:
     settings: EngineSettings = EngineSettings()
     measured: dict = field(default_factory=dict)   # output_tok_s, ttft_ms, tpot_ms, e2e_latency_ms (means)
     filled: tuple[str, ...] = ()                    # fields taken from RunFacts, not from the file
+    lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
 
 
 def _number(data: dict, key: str, where: str, required: bool = True) -> float | None:
@@ -186,29 +201,41 @@ def parse_mlperf_summary(text: str, where: str, facts: RunFacts) -> list[Serving
     return [_record(where, f"mlperf_{scenario.lower()}", stated, facts, measured, load, value)]
 
 
+def _replicas(r: dict) -> int:
+    """Data-parallel copies of the engine a row ran: its stated DP, as serving/published.py reads it (attention-DP
+    ranks are one engine, not copies)."""
+    return 1 if r.get("attention_dp") else max(1, int(r.get("dp") or 1))
+
+
 def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement:
-    mode, measured = r.get("mode"), {}
+    """One row as one engine replica's measurement: a row over several DP replicas (MLPerf's 8 GPUs at TP2 run
+    4) splits its load and its throughput among them; latencies are each replica's."""
+    mode, measured, replicas = r.get("mode"), {}, _replicas(r)
     if mode == "offline_batch":
         load, value = BATCH, float(r.get("batch_size") or 0)
     elif r.get("request_rate"):
-        load, value = RATE, float(r["request_rate"])
+        load, value = RATE, float(r["request_rate"]) / replicas
     elif r.get("concurrency"):
-        load, value = CONCURRENCY, float(r["concurrency"])
+        load, value = CONCURRENCY, float(r["concurrency"]) / replicas
     else:
-        load, value = MAX, float(r.get("num_requests") or 0)
+        load, value = MAX, math.ceil(float(r.get("num_requests") or 0) / replicas)
     for key, name in (("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("itl_ms", "tpot_ms"),
                       ("e2e_latency_ms", "e2e_latency_ms")):
         v = (r.get(key) or {}).get("mean") if isinstance(r.get(key), dict) else None
         if v is not None and name not in measured:
             measured[name] = float(v)
     if r.get("output_tok_s") is not None and load != BATCH:   # a batch's tokens/s is derived from its latency
-        measured["output_tok_s"] = float(r["output_tok_s"])
+        measured["output_tok_s"] = float(r["output_tok_s"]) / replicas
     engine = next((name for key, name in ENGINES.items() if key in (r.get("engine") or "").lower()), None)
-    stated = {"id": r.get("id"), "model": r.get("model"), "device": GPUS.get(r.get("gpu"), r.get("gpu")),
+    device = system_device(GPUS.get(r.get("gpu"), r.get("gpu")), r.get("source"))
+    stated = {"id": r.get("id"), "model": r.get("model"), "device": device,
               "engine": engine, "engine_version": r.get("engine_version"), "tp": r.get("tp"),
               "dtype": r.get("precision"), "kv_dtype": r.get("kv_cache_dtype"), "isl": r.get("isl"),
               "osl": r.get("osl"), "engine_flags": r.get("engine_flags")}
-    return _record(where, "devset", stated, facts, measured, load, value)
+    from .published import DATASET_LENGTHS      # (published.py reads this module: imported when used)
+    lengths = next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()),
+                   None)
+    return replace(_record(where, "devset", stated, facts, measured, load, value), lengths=lengths)
 
 
 def _devset(text: str, where: str, facts: RunFacts) -> list[ServingMeasurement]:

@@ -29,6 +29,7 @@ from tracer.work import TraceOptions
 from .capacity import OUTPUT_KV_SHARE
 from .engine_flags import stated_settings
 from .lengths import bundled
+from .measurements import system_device
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
 from .speculative import Speculation, parse_speculation, speculative_step
 from .step_cost import StepCost
@@ -237,7 +238,8 @@ def _load(r: dict, replicas: int) -> Load:
 
 def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     """One development-set row as a run tracecost predicts, or (None, why not)."""
-    model, device, engine = MODELS.get(r["model"]), DEVICES.get(r["gpu"]), _engine(r.get("engine") or "")
+    model, engine = MODELS.get(r["model"]), _engine(r.get("engine") or "")
+    device = system_device(DEVICES.get(r["gpu"]), r.get("source"))
     why = _skip_reason(r, model, device, engine)
     if why:
         return None, why

@@ -1,0 +1,159 @@
+"""Power-limited parts (cost/power.py): a profile's power_limit scales dense matrix work by its sustained clock,
+bad values are refused at load, and PCIe cards without NVLink bridges price their all-reduce on PCIe."""
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cost.estimate import engine_allreduce_seconds
+from cost.kernel_rows import parse_row, price_rows
+from cost.profile import ProfileError, load_profile, parse_profile, profiles_dir
+from serving.calibrate_serving import main as from_serving
+from serving.measurements import MAX, RATE, load_file, system_device
+from serving.published import map_row
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gemm_ms(hw, m: int, n: int, k: int, dtype: str = "bf16") -> float:
+    row = parse_row({"op": "gemm", "m": m, "n": n, "k": k, "dtype": dtype}, 1)
+    return float(price_rows(hw.engine("trtllm"), hw, [row])[0])
+
+
+@pytest.mark.parametrize("device", ["h100nvl", "h100pcie"])
+def test_capped_part_prices_a_large_gemm_slower_by_its_clock(device):
+    capped = load_profile(device)
+    assert 0.5 <= capped.matrix_clock < 1.0 and capped.board_w < 700
+    uncapped = replace(capped, matrix_clock=1.0, path=f"{capped.path}#uncapped")
+    # compute-bound and long (the donor fit's boost window, ~0.4 ms at its start, is a fixed time; bf16: no
+    # activation quantization kernel, which streams memory): the clock's share
+    big = _gemm_ms(capped, 32768, 32768, 16384) / _gemm_ms(uncapped, 32768, 32768, 16384)
+    assert big == pytest.approx(1.0 / capped.matrix_clock, rel=0.03)
+    gemv = _gemm_ms(capped, 1, 8192, 8192) / _gemm_ms(uncapped, 1, 8192, 8192)
+    assert gemv < 1.05                                                     # weight streaming keeps its speed
+    # the peak every matrix model reads is the datasheet's at that clock
+    assert capped.matrix_peak("bf16") == pytest.approx(capped.matrix_tflops["bf16"] * 1e12 * capped.matrix_clock)
+
+
+def test_power_limit_is_said_in_the_origin_and_notes():
+    from cost.provenance import kernel_origin
+    origin = kernel_origin(load_profile("h100nvl"), "vllm")
+    assert origin.power and "0.576 of the datasheet clock" in origin.power and "400 W" in origin.power
+    assert origin.as_json()["power_limit"] == origin.power and origin.power in origin.notes()
+    assert kernel_origin(load_profile("h100"), "vllm").power is None
+
+
+def _profile(name: str) -> dict:
+    return json.loads((profiles_dir() / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"matrix_clock": 1.2}, "power_limit.matrix_clock': must be less than or equal to 1"),
+    ({"matrix_clock": 0.3}, "power_limit.matrix_clock': must be greater than or equal to 0.5"),
+    ({"matrix_clock": float("nan")}, "power_limit.matrix_clock'"),
+    ({"matrix_clock": "0.7"}, "power_limit.matrix_clock'"),
+    ({"board_w": 0}, "power_limit.board_w': must be greater than 0"),
+    ({"origin": ""}, "power_limit.origin'"),
+    ({"watts": 300}, "power_limit.watts': unknown field"),
+])
+def test_bad_power_limit_is_refused_at_load(change, error):
+    data = _profile("h100nvl")
+    data["power_limit"].update(change)
+    with pytest.raises(ProfileError, match=error.replace("(", r"\(")):
+        parse_profile(data, "bad", "bad.json")
+
+
+def test_power_limit_on_a_device_with_its_own_fits_is_refused():
+    """L40S's engine kernels were fitted on its own tables, which ran at its own 350 W limit."""
+    data = _profile("l40s")
+    data["power_limit"] = {"board_w": 350, "reference_board_w": 700, "matrix_clock": 0.8, "origin": "test"}
+    with pytest.raises(ProfileError, match="power_limit.*fitted on this device's own tables"):
+        parse_profile(data, "l40s-bad", "l40s-bad.json")
+
+
+def test_cli_refuses_a_bad_power_limit_in_one_line(tmp_path):
+    data = _profile("h100nvl")
+    data["power_limit"]["matrix_clock"] = 2.0
+    path = tmp_path / "nvl.json"
+    path.write_text(json.dumps(data))
+    done = subprocess.run([sys.executable, "-m", "cli.inference.text_generate", "llama-3.2-1b", "--device", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "power_limit.matrix_clock" in done.stderr
+
+
+def test_unbridged_pair_all_reduces_over_pcie():
+    bridged, pcie = load_profile("h100nvl"), load_profile("h100nvl:pcie")
+    assert pcie.pcie_only and pcie.scale_up_gpus == 8 and pcie.matrix_clock == bridged.matrix_clock
+    message = 1300 * 8192 * 2      # a decode step's hidden states at MLPerf's batch, fp16
+    slow = engine_allreduce_seconds(message, 2, pcie, "trtllm")
+    fast = engine_allreduce_seconds(message, 2, bridged, "trtllm")
+    assert slow / fast > 5          # ~40 GB/s of PCIe Gen5 bus bandwidth against NVLink's hundreds
+
+
+def test_mlperf_systems_without_bridges_map_to_the_pcie_topology():
+    source = "mlcommons/inference_results_v4.1 closed/ASUSTeK/results/ESC8000A_E12_H100x8_TRT/llama2-70b-99/x"
+    assert system_device("h100pcie", source) == "h100pcie:pcie"
+    assert system_device("h100nvl", "closed/HPE/results/HPE_ProLiant_DL380a_H100_NVL_94GBx4_TRT/x") == "h100nvl"
+    row = {"id": "t-Offline", "source": source, "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM",
+           "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8", "kv_cache_dtype": "fp8",
+           "gpu": "H100-PCIe-80GB", "num_gpus": 8, "tp": 2, "dp": 4, "isl": 222.3, "osl": 291.0,
+           "mode": "offline_max_throughput", "num_requests": 400, "output_tok_s": 9000.0}
+    run, why = map_row(row)
+    assert why is None and run.device == "h100pcie:pcie" and run.replicas == 4
+
+
+def test_devset_rows_are_one_replica(tmp_path):
+    """--from-serving fits one engine: a row on 8 GPUs at TP2 ran 4 replicas, each with a quarter of the load."""
+    rows = [{"id": "r-Offline", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM",
+             "gpu": "H100-NVL-94GB", "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8", "num_gpus": 8,
+             "tp": 2, "dp": 4, "isl": 222.3, "osl": 290.0, "mode": "offline_max_throughput", "num_requests": 400,
+             "output_tok_s": 8000.0, "dataset": "MLPerf llama2-70b OpenOrca subset"},
+            {"id": "r-Server", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM",
+             "gpu": "H100-NVL-94GB",
+             "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8", "num_gpus": 4, "tp": 1, "dp": 4,
+             "isl": 222.3, "osl": 290.0, "mode": "online_request_rate", "request_rate": 20.0, "output_tok_s": 5800.0,
+             "ttft_ms": {"mean": 200.0}}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    offline, server = load_file(str(path))
+    assert offline.load == MAX and offline.load_value == 100 and offline.measured["output_tok_s"] == 2000.0
+    assert offline.lengths == "mlperf-llama2-70b"
+    assert server.load == RATE and server.load_value == 5.0 and server.measured == {"ttft_ms": 200.0,
+                                                                                    "output_tok_s": 1450.0}
+
+
+def test_fit_power_refused_where_the_device_has_its_own_tables(capsys):
+    data = str(ROOT / "tests" / "data" / "serving_inputs" / "mi300x_vllm066_rows.jsonl")
+    assert from_serving([data, "--device", "l40s", "--engine", "vllm", "--fit-power", "--overheads", "none"]) == 2
+    assert "--fit-power: l40s's engine kernels are fitted on its own tables" in capsys.readouterr().err
+
+
+def test_fit_power_recovers_a_known_clock():
+    """--fit-power's fit (serving/calibrate_serving.py Fit over PowerLimit) finds the clock that made the runs."""
+    from serving.calibrate_serving import Fit, ServingModel, with_scaling
+    from serving.measurements import BATCH, ServingMeasurement
+    from cost.engines import ServingOverheads
+    from cost.power import PowerLimit
+    base = with_scaling(load_profile("h100nvl"), PowerLimit(), "#test-base")
+    overheads = ServingOverheads()
+    truth = ServingModel(with_scaling(base, PowerLimit(matrix_clock=0.7), "#test-truth"), overheads)
+    runs = []
+    for i, (load, value, isl, osl) in enumerate([(BATCH, 64, 1024, 64), (BATCH, 8, 2048, 32), (MAX, 256, 512, 128)]):
+        m = ServingMeasurement(f"run{i}", "synthetic", "test", "llama-3.2-1b", "h100nvl", "trtllm", "", "bf16", None,
+                               1, isl, osl, load, value)
+        metric = "e2e_latency_ms" if load == BATCH else "output_tok_s"
+        runs.append(replace(m, measured={metric: truth.predict(m)[metric]}))
+    fit = Fit(base, "trtllm", runs, [], overheads, True, log=lambda _: None, device_set=PowerLimit)
+    values, std, mse = fit.run()
+    assert fit.names == ["matrix_clock"] and mse < 1e-4
+    assert values[0] == pytest.approx(0.7, abs=0.02)
+
+
+def test_fit_power_needs_a_power_limit_section(capsys):
+    data = str(ROOT / "tests" / "data" / "serving_inputs" / "mi300x_vllm066_rows.jsonl")
+    assert from_serving([data, "--device", "mi300x", "--engine", "vllm", "--fit-power", "--overheads", "none"]) == 2
+    assert "--fit-power: mi300x has no power_limit section" in capsys.readouterr().err
