@@ -17,8 +17,11 @@ single_type_kv_cache_manager.py, kv_cache_utils.py):
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
 
-import numpy as np
+_FOUND = partial(is_not, None)    # a dict.get that found something (C-level, for takewhile)
 
 
 class VllmBlockCache:
@@ -31,9 +34,10 @@ class VllmBlockCache:
         self.decode_granule = block_size      # decode steps inside a block allocate and cache nothing
         self.prefix_caching = prefix_caching
         self.capacity_blocks = num_blocks - 1
-        # per block: running requests holding it, and its hash (0: none; block hashes are never 0)
-        self.ref = np.zeros(num_blocks, dtype=np.int32)
-        self.hash = np.zeros(num_blocks, dtype=np.int64)
+        # per block: running requests holding it, and its hash (0: none; block hashes are never 0). Plain lists:
+        # most calls touch one block (a decode step's), where numpy's per-call cost is what would dominate
+        self.ref = [0] * num_blocks
+        self.hash = [0] * num_blocks
         self.cached: dict[int, int] = {}              # hash -> earliest cached block with it
         self.copies: dict[int, list[int]] = {}        # hash -> later blocks with the same hash
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
@@ -78,12 +82,8 @@ class VllmBlockCache:
         """(hit blocks, hit tokens): whole leading blocks, at most num_tokens - 1 tokens."""
         if not self.prefix_caching:
             return [], 0
-        hashes, cached, out = seq.hashes, self.cached, []
-        for i in range(min((seq.num_tokens - 1) // self.block_size, len(hashes))):
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            out.append(b)
+        limit = min((seq.num_tokens - 1) // self.block_size, len(seq.hashes))
+        out = list(takewhile(_FOUND, map(self.cached.get, islice(seq.hashes, limit))))
         return out, len(out) * self.block_size
 
     # -- changes ---------------------------------------------------------------------------------------
@@ -106,22 +106,22 @@ class VllmBlockCache:
             return True
         hit = hit or ()
         n_held = len(held) if held is not None else 0
-        hit_idx = np.array(hit, dtype=np.int64)
-        touched_free = int((ref[hit_idx] == 0).sum())        # evictable hits leave the free queue
+        touched_free = [b for b in hit if not ref[b]]        # evictable hits leave the free queue
         computed = seq.num_computed + hit_tokens + external
         want = -(-(computed + num_new) // bs)
-        if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + touched_free > len(free))
-                or max(want - n_held - len(hit), 0) + touched_free > len(free)):
+        if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + len(touched_free) > len(free))
+                or max(want - n_held - len(hit), 0) + len(touched_free) > len(free)):
             if full_must_fit and not external:
                 self._refused = (seq.sid, self.releases, len(hit))
             return False
         if held is None:
             held = self.blocks[seq.sid] = list(hit)
             if touched_free:
-                for b in hit_idx[ref[hit_idx] == 0].tolist():   # hit blocks all have a hash
+                for b in touched_free:   # hit blocks all have a hash
                     del free[b]
-                self.free_cached -= touched_free
-            ref[hit_idx] += 1
+                self.free_cached -= len(touched_free)
+            for b in hit:
+                ref[b] += 1
             self.num_cached[seq.sid] = len(held)
         if want > len(held):
             self._grow(held, want - len(held))
@@ -154,38 +154,37 @@ class VllmBlockCache:
         if not held:
             return
         self.releases += 1
-        ref, free = self.ref, self.free
-        idx = np.array(held[::-1], dtype=np.int64)
-        ref[idx] -= 1
-        released = idx[ref[idx] == 0]
-        hashed = self.hash[released] != 0
-        first, last = released[~hashed].tolist(), released[hashed].tolist()
+        ref, hashes, free = self.ref, self.hash, self.free
+        first, last = [], []
+        for b in reversed(held):
+            ref[b] -= 1
+            if not ref[b]:
+                (last if hashes[b] else first).append(b)
         for b in reversed(first):
             free[b] = None
             free.move_to_end(b, last=False)
-        for b in last:
-            free[b] = None
+        free.update(dict.fromkeys(last))
         self.free_cached += len(last)
 
     # -- internals -------------------------------------------------------------------------------------
     def _grow(self, held: list[int], n: int) -> None:
-        pop = self.free.popitem
-        new = [pop(last=False)[0] for _ in range(n)]
-        idx = np.array(new, dtype=np.int64)
-        hashes = self.hash[idx]
-        stale = hashes.nonzero()[0]
-        if len(stale):                     # free blocks that still held cached KV: evicted now
-            cached, copies = self.cached, self.copies
-            for b, h in zip(idx[stale].tolist(), hashes[stale].tolist()):
-                if h not in copies and cached[h] == b:
-                    del cached[h]
+        pop, ref, hashes = self.free.popitem, self.ref, self.hash
+        evicted = 0
+        for _ in range(n):
+            b = pop(last=False)[0]
+            h = hashes[b]
+            if h:                          # a free block that still held cached KV: evicted now
+                if h not in self.copies and self.cached[h] == b:
+                    del self.cached[h]
                 else:
                     self._forget(b, h)
-            self.hash[idx[stale]] = 0
-            self.evicted_blocks += len(stale)
-            self.free_cached -= len(stale)
-        self.ref[idx] = 1
-        held.extend(new)
+                hashes[b] = 0
+                evicted += 1
+            ref[b] = 1
+            held.append(b)
+        if evicted:
+            self.evicted_blocks += evicted
+            self.free_cached -= evicted
         self.allocated_blocks += n
 
     def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
@@ -195,7 +194,9 @@ class VllmBlockCache:
             return
         hashes, cached = seq.hashes[done:upto], self.cached
         blocks = held[done:upto]
-        self.hash[blocks] = hashes
+        block_hash = self.hash
+        for b, h in zip(blocks, hashes):
+            block_hash[b] = h
         if cached.keys().isdisjoint(hashes):    # the usual case: no other copy of these blocks
             cached.update(zip(hashes, blocks))
         else:
