@@ -13,8 +13,10 @@ Each step (vllm/v1/core/sched/scheduler.py, Scheduler.schedule):
 from __future__ import annotations
 
 import random
-
 from collections import deque
+from itertools import islice, takewhile
+
+import numpy as np
 
 from .cpu_pool import CpuPool
 from .metrics import RequestRecord, SimResult
@@ -149,13 +151,18 @@ class Engine:
         batch = len(running)
         linear = cost.linear(batch)
         overhead = cost.beyond_kernels(batch, batch, linear, decode_only=True)
-        times, now = [], self.clock
-        for j in range(steps):
-            now += linear + cost.decode_attention(batch, context // batch + j) + overhead
-            times.append(now)
-            if now >= horizon:
+        # step j ends at the sum of the steps before it, each linear + its attention + overhead (numpy adds in the
+        # same order: the same floats), and the run ends with the first step that reaches the horizon
+        now, j = self.clock, 0
+        while j < steps:
+            ends = np.add.accumulate(np.concatenate(
+                ([now], linear + cost.decode_attention_from(batch, context // batch + j, steps - j) + overhead)))[1:]
+            crossed = int(np.searchsorted(ends, horizon))
+            if crossed < len(ends):
+                j, now = j + crossed + 1, float(ends[crossed])
                 break
-        steps = len(times)
+            j, now = j + len(ends), float(ends[-1])
+        steps = j
         if steps < 4 or not cache.grow_all(running, steps):
             return False
         finished = []
@@ -228,11 +235,10 @@ class Engine:
     def _count_renneeded(self, s: Seq, reused: int) -> None:
         """Prompt blocks this request computes although they had been computed here before. Block hashes are
         chained, so past the first block never computed here none was: the scan stops there."""
-        seen, hashes, bs = self.seen_blocks, s.hashes, self.cache.block_size
-        i, stop = reused // bs, min((s.num_tokens - 1) // bs, len(hashes))
-        while i < stop and hashes[i] in seen:
-            i += 1
-        self.res.renneeded_blocks += i - reused // bs
+        bs = self.cache.block_size
+        stop = min((s.num_tokens - 1) // bs, len(s.hashes))
+        self.res.renneeded_blocks += len(list(takewhile(self.seen_blocks.__contains__,
+                                                        islice(s.hashes, reused // bs, max(stop, reused // bs)))))
 
     def _preempt(self, s: Seq) -> None:
         self.cache.free_seq(s, finished=False)
