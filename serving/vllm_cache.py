@@ -115,7 +115,7 @@ class VllmBlockCache:
     @property
     def used_blocks(self) -> int:
         """Blocks held by running requests."""
-        return self.capacity_blocks - len(self.free)
+        return self.capacity_blocks - self.free.size
 
     @property
     def evictable_blocks(self) -> int:
@@ -159,7 +159,7 @@ class VllmBlockCache:
         if held is not None and not full_must_fit:    # a running request grows
             computed = seq.num_computed
             more = -(-(computed + num_new) // bs) - len(held)
-            if more > len(free):
+            if more > free.size:
                 return False
             if more > 0:
                 self._grow(held, more)
@@ -171,8 +171,8 @@ class VllmBlockCache:
         touched_free = [b for b in hit if not ref[b]]        # evictable hits leave the free queue
         computed = seq.num_computed + hit_tokens + external
         want = -(-(computed + num_new) // bs)
-        if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + len(touched_free) > len(free))
-                or max(want - n_held - len(hit), 0) + len(touched_free) > len(free)):
+        if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + len(touched_free) > free.size)
+                or max(want - n_held - len(hit), 0) + len(touched_free) > free.size):
             if full_must_fit and not external:
                 self._refused = (seq.sid, self.releases, len(hit))
             return False
@@ -197,7 +197,7 @@ class VllmBlockCache:
         need = 0
         for s in seqs:
             need += max(0, -(-(s.num_computed + steps) // bs) - len(blocks[s.sid]))
-        if need > len(self.free):
+        if need > self.free.size:
             return False
         for s in seqs:
             # as after the run's last step: num_tokens one past the computed tokens
@@ -251,6 +251,15 @@ class VllmBlockCache:
         done = self.num_cached[seq.sid]
         upto = min(tokens // self.block_size, len(seq.hashes))
         if upto <= done:
+            return
+        if upto == done + 1:                    # a decode filled its block
+            h, b = seq.hashes[done], held[done]
+            self.hash[b] = h
+            if h in self.cached:
+                self.copies.setdefault(h, []).append(b)
+            else:
+                self.cached[h] = b
+            self.num_cached[seq.sid] = upto
             return
         hashes, cached = seq.hashes[done:upto], self.cached
         blocks = held[done:upto]
