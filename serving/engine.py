@@ -13,8 +13,10 @@ Each step (vllm/v1/core/sched/scheduler.py, Scheduler.schedule):
 from __future__ import annotations
 
 import random
-
 from collections import deque
+from itertools import islice, takewhile
+
+import numpy as np
 
 from .cpu_pool import CpuPool
 from .metrics import RequestRecord, SimResult
@@ -75,20 +77,27 @@ class Engine:
         if running and cache.decode_granule > 1 and len(running) <= cfg.max_prefill_tokens \
                 and self.verify_tokens == 1 and self._decode_run(horizon):
             return
-        budget, granule, preempted = cfg.max_prefill_tokens, cache.decode_granule, False
-        decodes, chunks = [], []          # decode steps; (seq, tokens) prefill chunks
+        budget, granule, verify, preempted = cfg.max_prefill_tokens, cache.decode_granule, self.verify_tokens, False
+        spec = self.cost if verify > 1 else None
+        # a decode's tokens advance here, as it is scheduled: nothing later in the step reads them (the admission
+        # looks at waiting requests and the pool only; a preemption takes a victim not yet scheduled)
+        decodes = decode_ctx = 0
+        chunks, finished = [], []     # (seq, tokens) prefill chunks; decodes that sample their last token
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
-            c = s.num_computed
-            n = rest = s.num_tokens - c
-            if rest == 1 and s.num_tokens > s.prompt and self.verify_tokens > 1:   # a speculative decode
-                n = min(self.verify_tokens, s.end - c)
-            elif rest == 1 and s.num_tokens > s.prompt and c % granule and (c + 1) % granule:   # decode in a block
-                decodes.append(s)
+            c, t = s.num_computed, s.num_tokens
+            decoding = t - c == 1 and t > s.prompt
+            if decoding and verify == 1 and c % granule and (c + 1) % granule:   # a decode inside a block
+                decodes += 1
+                decode_ctx += c
+                s.num_computed, s.num_tokens = c + 1, t + 1
+                if t + 1 >= s.end:
+                    finished.append(s)
                 budget -= 1
                 i += 1
                 continue
+            n = min(verify, s.end - c) if decoding and verify > 1 else t - c   # a speculative decode verifies more
             if n > budget:
                 n = budget
             while not cache.allocate(s, n):
@@ -98,8 +107,13 @@ class Engine:
                 if victim is s:
                     break
             else:
-                if rest == 1 and s.num_tokens > s.prompt:
-                    decodes.append(s)
+                if decoding:
+                    gained = min(spec.accepted(self.rng), s.end - t) if spec is not None else 1
+                    decodes += 1
+                    decode_ctx += c
+                    s.num_computed, s.num_tokens = c + gained, t + gained
+                    if t + gained >= s.end:
+                        finished.append(s)
                 else:
                     chunks.append((s, n))
                 budget -= n
@@ -113,7 +127,7 @@ class Engine:
             if not preempted and not self.running and self.waiting:   # cannot fit even alone: never hang
                 self.res.rejected_ids.append(self.waiting.popleft().req.rid)
             return
-        self._run(decodes, chunks, load_s)
+        self._run(decodes, decode_ctx, finished, chunks, load_s)
 
     def _decode_run(self, horizon: float) -> bool:
         """Steps in which every running request decodes one token, none finishes before the last, nobody
@@ -137,13 +151,18 @@ class Engine:
         batch = len(running)
         linear = cost.linear(batch)
         overhead = cost.beyond_kernels(batch, batch, linear, decode_only=True)
-        times, now = [], self.clock
-        for j in range(steps):
-            now += linear + cost.decode_attention(batch, context // batch + j) + overhead
-            times.append(now)
-            if now >= horizon:
+        # step j ends at the sum of the steps before it, each linear + its attention + overhead (numpy adds in the
+        # same order: the same floats), and the run ends with the first step that reaches the horizon
+        now, j = self.clock, 0
+        while j < steps:
+            ends = np.add.accumulate(np.concatenate(
+                ([now], linear + cost.decode_attention_from(batch, context // batch + j, steps - j) + overhead)))[1:]
+            crossed = int(np.searchsorted(ends, horizon))
+            if crossed < len(ends):
+                j, now = j + crossed + 1, float(ends[crossed])
                 break
-        steps = len(times)
+            j, now = j + len(ends), float(ends[-1])
+        steps = j
         if steps < 4 or not cache.grow_all(running, steps):
             return False
         finished = []
@@ -159,10 +178,7 @@ class Engine:
         if cache.used_blocks > self.res.gpu_used_peak:
             self.res.gpu_used_peak = cache.used_blocks
         if finished:
-            for s in finished:
-                self._finish(s, now)
-            done = set(map(id, finished))
-            self.running = [s for s in self.running if id(s) not in done]
+            self._finish_all(finished, now)
         return True
 
     def _admit(self, chunks: list, budget: int) -> float:
@@ -219,11 +235,10 @@ class Engine:
     def _count_renneeded(self, s: Seq, reused: int) -> None:
         """Prompt blocks this request computes although they had been computed here before. Block hashes are
         chained, so past the first block never computed here none was: the scan stops there."""
-        seen, hashes, bs = self.seen_blocks, s.hashes, self.cache.block_size
-        i, stop = reused // bs, min((s.num_tokens - 1) // bs, len(hashes))
-        while i < stop and hashes[i] in seen:
-            i += 1
-        self.res.renneeded_blocks += i - reused // bs
+        bs = self.cache.block_size
+        stop = min((s.num_tokens - 1) // bs, len(s.hashes))
+        self.res.renneeded_blocks += len(list(takewhile(self.seen_blocks.__contains__,
+                                                        islice(s.hashes, reused // bs, max(stop, reused // bs)))))
 
     def _preempt(self, s: Seq) -> None:
         self.cache.free_seq(s, finished=False)
@@ -233,17 +248,11 @@ class Engine:
         s.preemptions += 1
         self.waiting.appendleft(s)
 
-    def _run(self, decodes: list, chunks: list, load_s: float) -> None:
+    def _run(self, decodes: int, decode_ctx: int, finished: list, chunks: list, load_s: float) -> None:
+        """The step's forward: `decodes` decode steps (already advanced, over `decode_ctx` tokens in all, of which
+        `finished` sampled their last token) and the prefill chunks."""
         cache, res = self.cache, self.res
-        decode_ctx, sampled, finished = 0, [], []
-        spec = self.cost if self.verify_tokens > 1 else None
-        for s in decodes:
-            decode_ctx += s.num_computed
-            gained = min(spec.accepted(self.rng), s.end - s.num_tokens) if spec is not None else 1
-            s.num_computed += gained
-            s.num_tokens += gained
-            if s.num_tokens >= s.end:
-                finished.append(s)
+        sampled = []
         shapes = []
         for s, n in chunks:
             shapes.append((n, s.num_computed))
@@ -253,10 +262,10 @@ class Engine:
                 cache.prefill_chunk_done(s)
             else:
                 sampled.append(s)
-        step_s = self.cost.step(shapes, len(decodes), decode_ctx // len(decodes) if decodes else 0) + load_s
+        step_s = self.cost.step(shapes, decodes, decode_ctx // decodes if decodes else 0) + load_s
         now = self.clock + step_s
         if decodes:
-            res.itl.append((step_s, len(decodes)))
+            res.itl.append((step_s, decodes))
         stores = []
         for s in sampled:   # a prefill (or a recompute) is done: its first (next) token is sampled
             if not s.prompt_done:
@@ -279,10 +288,7 @@ class Engine:
         if cache.evictable_blocks > res.gpu_evictable_peak:
             res.gpu_evictable_peak = cache.evictable_blocks
         if finished:
-            for s in finished:
-                self._finish(s, now)
-            done = set(map(id, finished))
-            self.running = [s for s in self.running if id(s) not in done]
+            self._finish_all(finished, now)
 
     def _write_through(self, seqs: list[Seq], now: float) -> float:
         """Prefill done: full prompt blocks go to the CPU pool. Returns the step time the copy adds."""
@@ -299,6 +305,16 @@ class Engine:
             res.store_backlog_s = max(res.store_backlog_s, self.link_free_s - now)
             return 0.0
         return copy_s
+
+    def _finish_all(self, finished: list, now: float) -> None:
+        for s in finished:
+            self._finish(s, now)
+        if len(finished) <= 4:     # the usual step: a few leave a long batch
+            for s in finished:
+                self.running.remove(s)
+        else:
+            done = set(map(id, finished))
+            self.running = [s for s in self.running if id(s) not in done]
 
     def _finish(self, s: Seq, now: float) -> None:
         self.cache.free_seq(s, finished=True)

@@ -14,6 +14,8 @@ import math
 from dataclasses import replace
 from functools import cached_property
 
+import numpy as np
+
 from cost.engines import ENGINES, ServingOverheads, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
 from cost.op_formats import is_formats_note
@@ -212,16 +214,9 @@ class StepCost:
         if batch == 0:
             return 0.0
         bb = _pow2_at_least(batch)
-
-        def per_seq(ctx: int) -> float:
-            v = self._decode.get((bb, ctx))
-            if v is None:
-                v = self._decode[(bb, ctx)] = self._attention_s(Request(bb, 1, ctx, decode=True)) / bb
-            return v
-
         v = self._decode_at.get((bb, context))
         if v is None:
-            v = self._decode_at[(bb, context)] = _pow2_lerp(per_seq, max(1, context))
+            v = self._decode_at[(bb, context)] = _pow2_lerp(lambda ctx: self._decode_per_seq(bb, ctx), max(1, context))
         return v * batch
 
     def _attention_s(self, request: Request) -> float:
@@ -242,6 +237,27 @@ class StepCost:
             if self.shared is not None:
                 self.shared[key] = seconds
         return seconds
+
+    def _decode_per_seq(self, batch_bucket: int, context_bucket: int) -> float:
+        v = self._decode.get((batch_bucket, context_bucket))
+        if v is None:
+            v = self._decode[(batch_bucket, context_bucket)] = \
+                self._attention_s(Request(batch_bucket, 1, context_bucket, decode=True)) / batch_bucket
+        return v
+
+    def decode_attention_from(self, batch: int, context: int, limit: int) -> np.ndarray:
+        """decode_attention(batch, c) for c = context, context + 1, ... while c stays inside context's power-of-two
+        bucket, at most `limit` values: the same numbers as one call per c (the bucket's two traced points, the
+        same interpolation elementwise), for a run of decode steps whose context grows by one each step."""
+        x = max(1, context)
+        hi = _pow2_at_least(x)
+        if x == hi or limit <= 1:        # a bucket point (or one value): priced as one call
+            return np.array([self.decode_attention(batch, context)])
+        lo, n, bb = hi // 2, min(limit, hi - x), _pow2_at_least(batch)
+        f_lo = self._decode_per_seq(bb, lo)
+        f_hi = self._decode_per_seq(bb, hi)
+        xs = np.arange(x, x + n)
+        return (f_lo + (f_hi - f_lo) * (xs - lo) / (hi - lo)) * batch
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)

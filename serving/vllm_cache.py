@@ -16,9 +16,74 @@ single_type_kv_cache_manager.py, kv_cache_utils.py):
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
 
-import numpy as np
+_FOUND = partial(is_not, None)    # a dict.get that found something (C-level, for takewhile)
+
+
+class FreeQueue:
+    """vLLM's free block queue (block_pool.py FreeKVCacheBlockQueue, a doubly linked list) as a list read from a
+    head index, so that popping, appending and prepending many blocks are slices at C speed. A block taken out of
+    the middle (an evictable block a lookup hit) leaves a stale entry behind, skipped when it reaches the head: it
+    is always ahead of that block's next entry, as a block comes back to the queue only at the back (it has a hash:
+    hit blocks do) until it has been popped again."""
+    SLACK = 1024     # consumed entries kept before the head, so a prepend rarely moves the list
+
+    def __init__(self, blocks: range):
+        self.items, self.head, self.size = list(blocks), 0, len(blocks)
+        self.stale: dict[int, int] = {}      # block -> stale entries of it still in the list
+        self.num_stale = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def popleft(self, n: int) -> list[int]:
+        items, h = self.items, self.head
+        if not self.num_stale:
+            out = items[h:h + n]
+            h += n
+        else:
+            out, stale = [], self.stale
+            while len(out) < n:
+                b = items[h]
+                h += 1
+                left = stale.get(b)
+                if left:
+                    self.num_stale -= 1
+                    if left == 1:
+                        del stale[b]
+                    else:
+                        stale[b] = left - 1
+                else:
+                    out.append(b)
+        self.size -= n
+        if h > 2 * self.SLACK and 2 * h > len(items):
+            del items[:h - self.SLACK]
+            h = self.SLACK
+        self.head = h
+        return out
+
+    def remove(self, b: int) -> None:
+        self.stale[b] = self.stale.get(b, 0) + 1
+        self.num_stale += 1
+        self.size -= 1
+
+    def append(self, blocks: list[int]) -> None:
+        self.items.extend(blocks)
+        self.size += len(blocks)
+
+    def prepend(self, blocks: list[int]) -> None:
+        """blocks[0] becomes the head."""
+        k, h = len(blocks), self.head
+        if k <= h:
+            self.items[h - k:h] = blocks
+            self.head = h - k
+        else:
+            self.items[:h] = blocks
+            self.head = 0
+        self.size += k
 
 
 class VllmBlockCache:
@@ -31,12 +96,13 @@ class VllmBlockCache:
         self.decode_granule = block_size      # decode steps inside a block allocate and cache nothing
         self.prefix_caching = prefix_caching
         self.capacity_blocks = num_blocks - 1
-        # per block: running requests holding it, and its hash (0: none; block hashes are never 0)
-        self.ref = np.zeros(num_blocks, dtype=np.int32)
-        self.hash = np.zeros(num_blocks, dtype=np.int64)
+        # per block: running requests holding it, and its hash (0: none; block hashes are never 0). Plain lists:
+        # most calls touch one block (a decode step's), where numpy's per-call cost is what would dominate
+        self.ref = [0] * num_blocks
+        self.hash = [0] * num_blocks
         self.cached: dict[int, int] = {}              # hash -> earliest cached block with it
         self.copies: dict[int, list[int]] = {}        # hash -> later blocks with the same hash
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.free = FreeQueue(range(1, num_blocks))
         self.free_cached = 0                          # free blocks that still have a hash (evictable)
         self.blocks: dict[int, list[int]] = {}        # sequence id -> its blocks in token order
         self.num_cached: dict[int, int] = {}          # sequence id -> its leading blocks already cached
@@ -49,7 +115,7 @@ class VllmBlockCache:
     @property
     def used_blocks(self) -> int:
         """Blocks held by running requests."""
-        return self.capacity_blocks - len(self.free)
+        return self.capacity_blocks - self.free.size
 
     @property
     def evictable_blocks(self) -> int:
@@ -78,12 +144,8 @@ class VllmBlockCache:
         """(hit blocks, hit tokens): whole leading blocks, at most num_tokens - 1 tokens."""
         if not self.prefix_caching:
             return [], 0
-        hashes, cached, out = seq.hashes, self.cached, []
-        for i in range(min((seq.num_tokens - 1) // self.block_size, len(hashes))):
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            out.append(b)
+        limit = min((seq.num_tokens - 1) // self.block_size, len(seq.hashes))
+        out = list(takewhile(_FOUND, map(self.cached.get, islice(seq.hashes, limit))))
         return out, len(out) * self.block_size
 
     # -- changes ---------------------------------------------------------------------------------------
@@ -97,7 +159,7 @@ class VllmBlockCache:
         if held is not None and not full_must_fit:    # a running request grows
             computed = seq.num_computed
             more = -(-(computed + num_new) // bs) - len(held)
-            if more > len(free):
+            if more > free.size:
                 return False
             if more > 0:
                 self._grow(held, more)
@@ -106,22 +168,22 @@ class VllmBlockCache:
             return True
         hit = hit or ()
         n_held = len(held) if held is not None else 0
-        hit_idx = np.array(hit, dtype=np.int64)
-        touched_free = int((ref[hit_idx] == 0).sum())        # evictable hits leave the free queue
+        touched_free = [b for b in hit if not ref[b]]        # evictable hits leave the free queue
         computed = seq.num_computed + hit_tokens + external
         want = -(-(computed + num_new) // bs)
-        if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + touched_free > len(free))
-                or max(want - n_held - len(hit), 0) + touched_free > len(free)):
+        if ((full_must_fit and max(-(-seq.num_tokens // bs) - n_held - len(hit), 0) + len(touched_free) > free.size)
+                or max(want - n_held - len(hit), 0) + len(touched_free) > free.size):
             if full_must_fit and not external:
                 self._refused = (seq.sid, self.releases, len(hit))
             return False
         if held is None:
             held = self.blocks[seq.sid] = list(hit)
             if touched_free:
-                for b in hit_idx[ref[hit_idx] == 0].tolist():   # hit blocks all have a hash
-                    del free[b]
-                self.free_cached -= touched_free
-            ref[hit_idx] += 1
+                for b in touched_free:   # hit blocks all have a hash
+                    free.remove(b)
+                self.free_cached -= len(touched_free)
+            for b in hit:
+                ref[b] += 1
             self.num_cached[seq.sid] = len(held)
         if want > len(held):
             self._grow(held, want - len(held))
@@ -135,7 +197,7 @@ class VllmBlockCache:
         need = 0
         for s in seqs:
             need += max(0, -(-(s.num_computed + steps) // bs) - len(blocks[s.sid]))
-        if need > len(self.free):
+        if need > self.free.size:
             return False
         for s in seqs:
             # as after the run's last step: num_tokens one past the computed tokens
@@ -154,38 +216,35 @@ class VllmBlockCache:
         if not held:
             return
         self.releases += 1
-        ref, free = self.ref, self.free
-        idx = np.array(held[::-1], dtype=np.int64)
-        ref[idx] -= 1
-        released = idx[ref[idx] == 0]
-        hashed = self.hash[released] != 0
-        first, last = released[~hashed].tolist(), released[hashed].tolist()
-        for b in reversed(first):
-            free[b] = None
-            free.move_to_end(b, last=False)
-        for b in last:
-            free[b] = None
+        ref, hashes = self.ref, self.hash
+        first, last = [], []
+        for b in reversed(held):
+            ref[b] -= 1
+            if not ref[b]:
+                (last if hashes[b] else first).append(b)
+        if first:
+            self.free.prepend(first)
+        self.free.append(last)
         self.free_cached += len(last)
 
     # -- internals -------------------------------------------------------------------------------------
     def _grow(self, held: list[int], n: int) -> None:
-        pop = self.free.popitem
-        new = [pop(last=False)[0] for _ in range(n)]
-        idx = np.array(new, dtype=np.int64)
-        hashes = self.hash[idx]
-        stale = hashes.nonzero()[0]
-        if len(stale):                     # free blocks that still held cached KV: evicted now
-            cached, copies = self.cached, self.copies
-            for b, h in zip(idx[stale].tolist(), hashes[stale].tolist()):
-                if h not in copies and cached[h] == b:
+        new = self.free.popleft(n)
+        ref, hashes, cached, evicted = self.ref, self.hash, self.cached, 0
+        for b in new:
+            h = hashes[b]
+            if h:                          # a free block that still held cached KV: evicted now
+                if h not in self.copies and cached[h] == b:
                     del cached[h]
                 else:
                     self._forget(b, h)
-            self.hash[idx[stale]] = 0
-            self.evicted_blocks += len(stale)
-            self.free_cached -= len(stale)
-        self.ref[idx] = 1
+                hashes[b] = 0
+                evicted += 1
+            ref[b] = 1
         held.extend(new)
+        if evicted:
+            self.evicted_blocks += evicted
+            self.free_cached -= evicted
         self.allocated_blocks += n
 
     def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
@@ -193,9 +252,20 @@ class VllmBlockCache:
         upto = min(tokens // self.block_size, len(seq.hashes))
         if upto <= done:
             return
+        if upto == done + 1:                    # a decode filled its block
+            h, b = seq.hashes[done], held[done]
+            self.hash[b] = h
+            if h in self.cached:
+                self.copies.setdefault(h, []).append(b)
+            else:
+                self.cached[h] = b
+            self.num_cached[seq.sid] = upto
+            return
         hashes, cached = seq.hashes[done:upto], self.cached
         blocks = held[done:upto]
-        self.hash[blocks] = hashes
+        block_hash = self.hash
+        for b, h in zip(blocks, hashes):
+            block_hash[b] = h
         if cached.keys().isdisjoint(hashes):    # the usual case: no other copy of these blocks
             cached.update(zip(hashes, blocks))
         else:

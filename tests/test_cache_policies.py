@@ -121,3 +121,46 @@ def test_sglang_caches_the_output_as_its_own_leaf():
     serve(cache2, Seq(1, [("chat", 8)], output=5, block_size=1, answer="answer-1"))
     cache2._evict(1)                                    # the output leaf goes first, the prompt stays
     assert cache2.tree_tokens == 8
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vllm_free_queue_orders_blocks_as_vllms_linked_list(seed):
+    """FreeQueue (a list read from a head, stale entries for blocks taken from the middle) against an OrderedDict
+    doing what vLLM's doubly linked list does, under random pops, hits, appends and prepends; as in the cache, a
+    block a hit took from the middle comes back only at the back until it is popped again."""
+    import random
+    from collections import OrderedDict
+
+    from serving.vllm_cache import FreeQueue
+    rng = random.Random(seed)
+    n = rng.randrange(2, 60)
+    queue, model, held, hit = FreeQueue(range(1, n)), OrderedDict.fromkeys(range(1, n)), [], set()
+    queue.SLACK = rng.choice([1, 2, 4, 1024])
+    for _ in range(300):
+        op = rng.randrange(4)
+        if op == 0 and model:
+            k = rng.randrange(1, len(model) + 1)
+            popped = queue.popleft(k)
+            assert popped == [model.popitem(last=False)[0] for _ in range(k)]
+            held += popped
+            hit -= set(popped)
+        elif op == 1 and model:
+            b = rng.choice(list(model))
+            del model[b]
+            queue.remove(b)
+            held.append(b)
+            hit.add(b)
+        elif op >= 2 and held:
+            rng.shuffle(held)
+            k = rng.randrange(1, len(held) + 1)
+            out, held = held[:k], held[k:]
+            back = out if op == 2 else [b for b in out if b in hit]
+            front = [b for b in out if b not in back]
+            queue.append(back)
+            model.update(dict.fromkeys(back))
+            queue.prepend(front)
+            for b in reversed(front):
+                model[b] = None
+                model.move_to_end(b, last=False)
+        assert len(queue) == len(model)
+    assert queue.popleft(len(model)) == list(model)

@@ -271,3 +271,40 @@ def test_cli_mooncake_sweep_and_plot(tmp_path, capsys):
                  "--sweep-gpu-cache-gb", "1,4", "--jobs", "2"]) == 0   # two processes sharing traced shapes
     sweep = json.loads(capsys.readouterr().out)["sweep"]
     assert [s["gpu_cache_gb"] for s in sweep] == [1, 4] and all(0 <= s["hit_rate"] < 1 for s in sweep)
+
+
+def test_shared_hashing_gives_each_request_the_hashes_it_computes_alone():
+    """hash_requests' memo (one per workload) against hashing each request on its own, on segments that do not
+    align to blocks, repeated prefixes, token-id prompts and block sizes 1, 5 and 16."""
+    import random
+
+    from serving.workload import hash_requests
+
+    def workload():
+        rng = random.Random(7)
+        reqs = preset("multi-turn-chat", 60, None, 1, PresetSizes(system_tokens=37, user_tokens=5, output_tokens=11))
+        reqs += preset("document-qa", 30, None, 2, PresetSizes(documents=3, document_tokens=50, question_tokens=3))
+        reqs += [SimRequest(200 + i, 0.0, n, 3, token_ids=[rng.randrange(3) for _ in range(n)])
+                 for i, n in enumerate(rng.randrange(1, 40) for _ in range(30))]
+        return reqs
+    for bs in (1, 5, 16):
+        alone, shared = workload(), workload()
+        for r in alone:
+            r.hash_blocks(bs)
+        hash_requests(shared, bs)
+        assert [r.block_hashes for r in shared] == [r.block_hashes for r in alone]
+        assert all(len(r.block_hashes) == (r.prompt_tokens + r.output_tokens) // bs for r in shared)
+        assert len({r.block_hashes[0] for r in shared[:60]}) == 1   # the system prompt's first block
+
+
+def test_decode_run_pricing_is_one_call_per_step(cost):
+    """StepCost.decode_attention_from over a run of contexts: the same floats as decode_attention for each,
+    across bucket points (powers of two) and from context 0."""
+    for batch, start, limit in ((1, 0, 5), (3, 1, 9), (7, 250, 40), (64, 1023, 3), (200, 1024, 7), (5, 3000, 2000)):
+        context, got = start, []
+        while len(got) < limit:
+            part = cost.decode_attention_from(batch, context, limit - len(got)).tolist()
+            assert part, (batch, context)
+            got += part
+            context += len(part)
+        assert got == [cost.decode_attention(batch, start + j) for j in range(limit)]

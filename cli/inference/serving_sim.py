@@ -33,7 +33,7 @@ from serving.speculative import speculative_step
 from serving.lengths import bundled_sets, read_lengths
 from serving.traces import MAX_ARRIVAL_S, load_jsonl, load_mooncake
 from serving.verify import fixed_requests
-from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, arrival_times, preset
+from serving.workload import ARRIVALS, PRESETS, PresetSizes, WorkloadError, arrival_times, hash_requests, preset
 from tracer.table import format_table
 from tracer.trace import trace
 from tracer.work import Request
@@ -220,8 +220,7 @@ def run(args) -> dict:
                 "warnings": list(report.warnings) + d["run"]["overload"],
                 "lengths": args.lengths.describe() if args.lengths else None}
     runs = _runs(args, config)
-    for r in requests:   # identities once, shared by every run (and by forked workers)
-        r.hash_blocks(config.block_size)
+    hash_requests(requests, config.block_size)   # identities once, shared by every run (and by forked workers)
     _SHARED["job"] = (requests, cost, runs, args.hit_window_s, args.concurrency)
     price = gpu_price(hw, args.gpu_hour_price)
     workers = min(len(runs), os.cpu_count() or 1, args.jobs)
