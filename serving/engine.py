@@ -149,7 +149,11 @@ class Engine:
         if steps < 4:                    # the first to finish samples its last token in the run's last step
             return False
         batch = len(running)
-        linear = cost.linear(batch)
+        if cost.par.pp > 1 or batch > cost.defaults.graph_max_batch:
+            return False     # staged or eagerly launched steps: priced one by one (StepCost.step)
+        # the same terms as StepCost.step of `batch` decodes: with CUDA graphs and one stage, what the step costs
+        # beyond its kernels does not depend on them
+        linear = cost.linear(batch) + cost.logits(batch)
         overhead = cost.beyond_kernels(batch, batch, linear, decode_only=True)
         # step j ends at the sum of the steps before it, each linear + its attention + overhead (numpy adds in the
         # same order: the same floats), and the run ends with the first step that reaches the horizon

@@ -308,3 +308,22 @@ def test_decode_run_pricing_is_one_call_per_step(cost):
             got += part
             context += len(part)
         assert got == [cost.decode_attention(batch, start + j) for j in range(limit)]
+
+
+def test_a_decode_run_costs_what_its_steps_cost_one_by_one(cost, monkeypatch):
+    """The simulator takes runs of pure-decode steps together (serving/engine.py _decode_run). Priced one step at
+    a time instead (StepCost.step: the widened head's logits, the overheads), every request ends at the same
+    moment, to float rounding."""
+    from serving.engine import Engine
+
+    def run():
+        reqs = [SimRequest(i, 0.002 * i, 300 + 7 * i, 120 + 3 * i, segments=[(f"p{i}", 300 + 7 * i)])
+                for i in range(12)]
+        return simulate(reqs, cost, ServerConfig(gpu_blocks=4000, api_server=False))
+    together = run()
+    monkeypatch.setattr(Engine, "_decode_run", lambda self, horizon: False)
+    apart = run()
+    assert together.steps == apart.steps
+    assert together.makespan_s == pytest.approx(apart.makespan_s, rel=1e-9)
+    ends = lambda res: sorted((r.rid, r.finish_s) for r in res.records)    # noqa: E731
+    assert [t for _, t in ends(together)] == pytest.approx([t for _, t in ends(apart)], rel=1e-9)
