@@ -65,6 +65,33 @@ def _source_unused(a: Op, b: Op) -> bool:
     return a.source != b.source and a.gemm is None and b.gemm is None
 
 
+def _experts_base(op: Op) -> Op:
+    """A routed-experts op without the parts that follow from its expected active experts (not affine)."""
+    return replace(op, weight_bytes=0.0, bytes_read=op.bytes_read - op.weight_bytes,
+                   experts=replace(op.experts, active_experts=0.0), gemm=replace(op.gemm, m=0, batch=0))
+
+
+def _experts_at(base: Op, at_b: Op) -> Op:
+    """The parts a derived routed-experts op takes from its tokens: the expected active experts
+    E (1 - (1 - k/E)^n) (tracer/experts.py), the expert weights read (in proportion to them, as at count b), the
+    grouped GEMM's rows per expert and its experts."""
+    from tracer.experts import expected_active_experts   # (imports torch: only when a trace is derived)
+    work = replace(base.experts, active_experts=expected_active_experts(base.experts.tokens, base.experts.num_experts,
+                                                                        base.experts.top_k))
+    weights = at_b.weight_bytes / at_b.experts.active_experts * work.active_experts
+    return replace(base, experts=work, weight_bytes=weights, bytes_read=base.bytes_read + weights,
+                   gemm=replace(base.gemm, m=max(1, round(work.tokens_per_expert)),
+                                batch=max(1, round(work.active_experts))))
+
+
+def _derive_op(a: Op, b: Op, t: tuple[int, int, int]) -> Op:
+    if _source_unused(a, b):
+        a = replace(a, source=b.source)
+    if a.experts is not None and b.experts is not None and a.gemm is not None and b.gemm is not None:
+        return _experts_at(_affine(_experts_base(a), _experts_base(b), t), b)
+    return _affine(a, b, t)
+
+
 def derive(at_a: Trace, at_b: Trace, request: Request, count_a: int, count_b: int, count: int,
            keep=None) -> Trace | None:
     """The trace of `request` (whose count is `count`) from traces at counts `count_a` and `count_b` of the same
@@ -75,8 +102,7 @@ def derive(at_a: Trace, at_b: Trace, request: Request, count_a: int, count_b: in
         return None
     t = (count_a, count_b, count)
     try:
-        ops = [_affine(replace(a, source=b.source) if _source_unused(a, b) else a, b, t)
-               for a, b in zip(ops_a, ops_b)]
+        ops = [_derive_op(a, b, t) for a, b in zip(ops_a, ops_b)]
     except NotAffine:
         return None
     return replace(at_a, request=request, ops=ops, trace_seconds=0.0)

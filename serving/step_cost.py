@@ -79,7 +79,7 @@ class StepCost:
         self._memory: dict = {}      # (step tokens, memory fraction, reserve) -> ReplicaMemory
         self.shared = None           # a mapping shared by processes running a sweep: each shape traced once
         self._formats_notes: list[str] | None = None
-        self._affine_prefill: tuple | None = None   # (traces at 2 and 4 tokens) when derivable, () when not
+        self._affine_prefill: tuple | None = None   # _prefill_bases(), once asked
         self._attention_kernels = 0
         self._buckets: dict = {}     # power-of-two tokens -> linear seconds
 
@@ -125,13 +125,13 @@ class StepCost:
         return t
 
     def _linear_bucket(self, tokens: int) -> float:
-        """Everything but attention in a prefill step of `tokens` tokens (a power of two). Beyond four tokens,
-        engine steps of a model whose other ops are affine in the tokens are priced from a trace derived from
-        those of two and four (serving/derived_trace.py), once the derivation gives the traced 16-token step op
-        for op; otherwise (routed experts, whose active count is not affine; HF eager) each bucket is traced."""
+        """Everything but attention in a prefill step of `tokens` tokens (a power of two). Engine steps beyond the
+        base counts are priced from a trace derived from two traced ones (serving/derived_trace.py: ops affine in
+        the tokens, routed experts by their expected active count), once the derivation gives a traced step op for
+        op (_prefill_bases); otherwise, and in HF eager steps, each bucket is traced."""
         seconds = self._buckets.get(tokens)
         if seconds is None:
-            derived = self._derived_prefill(tokens) if tokens > 4 and self.execution == ENGINE else None
+            derived = self._derived_prefill(tokens) if tokens > 2 and self.execution == ENGINE else None
             if derived is None:
                 seconds = self._parts(Request(1, tokens, 0))[0]
             else:
@@ -143,18 +143,34 @@ class StepCost:
 
     def _derived_prefill(self, tokens: int):
         if self._affine_prefill is None:
-            two, four, sixteen = (self._trace(Request(1, n, 0)) for n in (2, 4, 16))
-            check = derive(two, four, sixteen.request, 2, 4, 16, outside_attention)
-            self._affine_prefill = (two, four) if check is not None and \
-                check.ops == [op for op in sixteen.ops if outside_attention(op)] else ()
-            if self._affine_prefill:   # the attention kernels' launches, which the derived trace leaves out
-                launches = [estimate(t, self.hw, self.execution, self.par, self.engine).num_kernels
-                            for t in (four, derive(two, four, four.request, 2, 4, 4, outside_attention))]
-                self._attention_kernels = launches[0] - launches[1]
-        if not self._affine_prefill or tokens == 16:
+            self._affine_prefill = self._prefill_bases()
+        if not self._affine_prefill:
             return None
-        two, four = self._affine_prefill
-        return derive(two, four, Request(1, tokens, 0), 2, 4, tokens, outside_attention)
+        lo, hi, check, at_lo, at_hi = self._affine_prefill
+        if tokens <= hi or tokens == check:
+            return None
+        return derive(at_lo, at_hi, Request(1, tokens, 0), lo, hi, tokens, outside_attention)
+
+    def _prefill_bases(self) -> tuple:
+        """(a, b, the checked count, the traces at a and b) that derive this model's prefill buckets beyond b, or ()
+        when the derivation does not give the traced step at the checked count op for op. Routed experts start
+        later: their routing ops change shape until a step's expert picks outnumber the experts."""
+        def at(n: int):
+            return self._trace(Request(1, n, 0))
+        routed = any(op.experts is not None for op in at(2).ops)
+        lo, hi = (64, 128) if routed else (2, 4)
+        # a routed model is checked far out: at the memory probe's step when it is a bucket, else at 1024 tokens
+        probes = [m for m, _, _ in self._memory if m >= 1024 and m & (m - 1) == 0]
+        check = (max(probes) if probes else 1024) if routed else 16
+        at_lo, at_hi, checked = at(lo), at(hi), at(check)
+        derived = derive(at_lo, at_hi, checked.request, lo, hi, check, outside_attention)
+        if derived is None or derived.ops != [op for op in checked.ops if outside_attention(op)]:
+            return ()
+        # the attention kernels' launches, which a derived trace leaves out
+        launches = [estimate(t, self.hw, self.execution, self.par, self.engine).num_kernels
+                    for t in (at_hi, derive(at_lo, at_hi, at_hi.request, lo, hi, hi, outside_attention))]
+        self._attention_kernels = launches[0] - launches[1]
+        return lo, hi, check, at_lo, at_hi
 
     def logits(self, rows: float) -> float:
         """The output projection of `rows` rows beyond the one `linear` includes: a step computes the next-token

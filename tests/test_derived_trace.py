@@ -126,7 +126,25 @@ def test_step_cost_prefill_buckets_priced_as_the_real_traces(model, par):
     assert derived._affine_prefill     # the derivation was used
 
 
-def test_routed_experts_keep_their_prefill_buckets_traced():
-    cost = StepCost(resolve_model("deepseek-v2-lite"), load_profile("h100"), TraceOptions(), "engine", Parallelism(1))
-    cost.linear(64)
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_routed_experts_prefill_buckets_derived_beyond_128_tokens(model):
+    """Routed models derive from the traces of 64 and 128 tokens (their routing ops settle once a step's expert
+    picks outnumber the experts): the experts op by its expected active count; the same ops and seconds as the
+    traced buckets."""
+    spec, hw = resolve_model(model), load_profile("h100")
+    at = {n: trace(spec, Request(1, n, 0), TraceOptions()) for n in (64, 128, 512, 4096)}
+    for n in (512, 4096):
+        derived = derive(at[64], at[128], at[n].request, 64, 128, n, outside_attention)
+        assert derived.ops == [op for op in at[n].ops if outside_attention(op)]
+    derived, real = (StepCost(spec, hw, TraceOptions(), "engine", Parallelism(2, ep=2)) for _ in range(2))
+    real._affine_prefill = ()
+    for n in (256, 2048):
+        assert derived.linear(n) == real.linear(n) and derived._launches[n] == real._launches[n]
+    assert derived._affine_prefill[:3] == (64, 128, 1024)
+
+
+def test_a_derivation_that_misses_the_checked_step_is_not_used():
+    """gpt-oss's mxfp4 expert weights come out a rounding away from the traced ones: its buckets stay traced."""
+    cost = StepCost(resolve_model("gpt-oss-20b"), load_profile("h100"), TraceOptions(), "engine", Parallelism(1))
+    cost.linear(2048)
     assert cost._affine_prefill == ()
