@@ -223,19 +223,34 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             states[rate] = fixed_point(rate)
         return states[rate]
 
+    def shapes(rate: float, s: float) -> tuple[float, float]:
+        # past the admission and budget limits the load is infeasible anyway: never price absurd shapes
+        return min(rate * decode_steps * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget)
+
     def fixed_point(rate: float) -> tuple[float, float, float]:
-        """(running, prefill tokens per step, step seconds) at `rate`, by fixed-point iteration."""
-        s = step(0, min(prompt, budget))
-        for _ in range(60):
-            # past the admission and budget limits the load is infeasible anyway: never price absurd shapes
-            n = min(rate * decode_steps * s, 2.0 * admit + 2)
-            p = min(rate * prompt * s, 2.0 * budget)
+        """(running, prefill tokens per step, step seconds) at `rate`: the s with s = mean step(n(s), p(s)). The
+        mean step grows with s more slowly than s near a stable point, so a secant on s - mean step(s) finds it
+        in a few evaluations; where the secant's slope says there is no stable point near (slope >= 1), or its
+        step leaves the positive reals, a damped fixed-point step is taken instead."""
+        def after(s: float) -> float:
+            n, p = shapes(rate, s)
             # the steps a decoding request sees hold it too: at a light load a step of one, not of a fraction
-            s_new = mean_step(max(n, 1.0), p)
-            if abs(s_new - s) <= 1e-6 * s:
+            return mean_step(max(n, 1.0), p)
+        s0 = step(0, min(prompt, budget))
+        f0 = after(s0)
+        if abs(f0 - s0) <= 1e-6 * s0:
+            return (*shapes(rate, s0), s0)
+        s1 = 0.5 * (s0 + f0)
+        for _ in range(60):
+            f1 = after(s1)
+            if abs(f1 - s1) <= 1e-6 * s1:
                 break
-            s = 0.5 * (s + s_new)
-        return min(rate * decode_steps * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget), s
+            slope = (f1 - f0) / (s1 - s0) if s1 != s0 else 1.0
+            s2 = s1 + (f1 - s1) / (1.0 - slope) if slope < 0.95 else 0.5 * (s1 + f1)
+            if not 0.0 < s2 < math.inf:
+                s2 = 0.5 * (s1 + f1)
+            s0, f0, s1 = s1, f1, s2
+        return (*shapes(rate, s1), s1)
 
     def own_prefill_steps(n: float) -> float:
         capacity = prefill_capacity(n)
