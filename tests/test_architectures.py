@@ -297,3 +297,46 @@ def test_serving_sim_refuses_a_model_without_kv_cache(tmp_path, capsys):
                      "--num-requests", "4", "--max-prefill-tokens", "64"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no attention KV cache (only recurrent state)" in err
+
+
+def _needs(model_type: str) -> None:
+    from transformers import CONFIG_MAPPING
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"model type {model_type} is not in the installed transformers")
+
+
+XLNET = dict(d_model=64, n_layer=2, n_head=4, d_inner=128, vocab_size=100)
+
+
+@pytest.mark.parametrize("attn_type", ["bi", "uni"])
+def test_xlnet_relative_attention_traces_exactly(tmp_path, monkeypatch, attn_type):
+    """XLNet keeps no KV cache: a step over 16 earlier tokens is the forward of all 24. Its float32 legacy
+    parameters run in bf16; its relative attention is one attention op (every key for "bi", causal for "uni") plus
+    the position scores over the relative distances (2 x 24, or 24 + 1); its r weight meets those, not the tokens."""
+    _needs("xlnet")
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    spec = resolve_model(tiny(tmp_path, "xlnet", attn_type=attn_type, **XLNET))
+    step = trace(spec, Request(2, 8, 16))
+    _assert_checks(step)
+    assert step.flops_by_class() == pytest.approx(trace(spec, Request(2, 24, 0)).flops_by_class(), rel=1e-12)
+    batch, seq, d, ffn, heads, vocab = 2, 24, 64, 128, 4, 100
+    distances = 2 * seq if attn_type == "bi" else seq + 1  # modeling_xlnet.py relative_positional_encoding
+    per_layer = 2 * batch * seq * (4 * d * d + 2 * d * ffn) + 2 * (batch * distances) * d * d
+    scores = 2 * batch * heads * seq * distances * (d // heads)
+    assert step.flops_by_class()["gemm"] == pytest.approx(2 * per_layer + 2 * scores + 2 * batch * vocab * d, rel=1e-9)
+    attention = [op for op in step.ops if op.attention is not None]
+    assert sum(op.count for op in attention) == 2
+    pairs = seq * (seq + 1) // 2 if attn_type == "uni" else seq * seq
+    assert all(op.attention.pairs_per_sequence == pairs for op in attention)
+    assert all(op.dtype == "bf16" for op in step.ops if op.op_class == "gemm")
+    assert any("torch.FloatTensor" in n for n in step.notes) and any("relative-position table" in n for n in step.notes)
+
+
+def test_xlnet_identity_needs_the_relative_distances(tmp_path, monkeypatch):
+    """Without the relative-distance rows for XLNet's r weight the FLOP identity fails: the check is exact."""
+    _needs("xlnet")
+    import tracer.checks
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    monkeypatch.setattr(tracer.checks, "RELATIVE_POSITION_WEIGHTS", {})
+    with pytest.raises(ModelError, match="FLOP identity check failed"):
+        trace(resolve_model(tiny(tmp_path, "xlnet", **XLNET)), Request(1, 4, 8))  # not traced before: not cached

@@ -1,6 +1,7 @@
 """Trace one forward step of a model for a request: the entry point of the tracer."""
 from __future__ import annotations
 
+import inspect
 import json
 import time
 import warnings
@@ -115,6 +116,9 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         run.notes.append(f"{type(built.model).__name__} keeps no KV cache: this step recomputes all {request.seq_len} "
                          f"tokens of each sequence ({request.context_length} earlier + {request.query_length} new), "
                          f"as transformers runs it")
+        if "mems" in inspect.signature(built.model.forward).parameters:
+            run.notes.append("its forward can also take `mems` (Transformer-XL's memory of earlier hidden states, "
+                             "from which keys and values are projected again each step): that path is not traced")
     ops = _quantize_weights(run.ops)
     kv_written = sum(op.bytes_written * op.count for op in ops if op.kv_cache_write)
     state_bytes = sum(op.state.state_bytes * op.count for op in ops if op.state is not None)
@@ -384,6 +388,9 @@ def _check(built: BuiltModel, run: Run, recorder, request: Request, model_name: 
         run.notes.append(f"{', '.join(identity.reused_weights)}: applied more than once per step, as HF runs the model")
     if identity.per_head_weights:
         run.notes.append(f"{', '.join(identity.per_head_weights)}: one weight applied to every head of every token")
+    if identity.position_weights:
+        run.notes.append(f"{', '.join(identity.position_weights)}: applied to the relative-position table (every "
+                         f"query-key distance of each sequence), as HF runs the model")
     if identity.mixing:
         run.notes.append(f"{identity.mixing:.3g} FLOPs of tiny per-token products without weights (e.g. AltUp "
                          f"mixing) are counted as traced")
