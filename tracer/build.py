@@ -134,13 +134,15 @@ def cast_legacy_float32(model: torch.nn.Module, dtype: torch.dtype) -> list[str]
     float32 on purpose (an explicit `dtype=torch.float32`: routers, SSM decays) are left as they are. Returns
     the moved modules' class names."""
     import inspect
-    cast = set()
+    cast, legacy = set(), {}
     for module in model.modules():
-        try:
-            legacy = "torch.FloatTensor(" in inspect.getsource(type(module).__init__)
-        except (OSError, TypeError):
-            legacy = False
-        if not legacy:
+        cls = type(module)
+        if cls not in legacy:  # one source read per class, not per module (a large model has thousands)
+            try:
+                legacy[cls] = "torch.FloatTensor(" in inspect.getsource(cls.__init__)
+            except (OSError, TypeError):
+                legacy[cls] = False
+        if not legacy[cls]:
             continue
         for name, p in module.named_parameters(recurse=False):
             if p.device.type != "meta" or p.dtype != dtype:
