@@ -340,3 +340,32 @@ def test_xlnet_identity_needs_the_relative_distances(tmp_path, monkeypatch):
     monkeypatch.setattr(tracer.checks, "RELATIVE_POSITION_WEIGHTS", {})
     with pytest.raises(ModelError, match="FLOP identity check failed"):
         trace(resolve_model(tiny(tmp_path, "xlnet", **XLNET)), Request(1, 4, 8))  # not traced before: not cached
+
+
+XLM = dict(emb_dim=64, n_layers=2, n_heads=4, vocab_size=100, n_langs=1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_xlm_takes_the_whole_sequence(tmp_path, monkeypatch, causal):
+    """XLM's forward takes every token and drops the cached ones itself. Causal, a step over 16 cached tokens
+    computes the 8 new ones and writes their KV; bidirectional (its default), no KV cache stays valid, so the
+    step is the forward of all 24 tokens, every query seeing every key, said in a note."""
+    _needs("xlm")
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    spec = resolve_model(tiny(tmp_path, "xlm", causal=causal, **XLM))
+    step = trace(spec, Request(2, 8, 16))
+    _assert_checks(step)
+    batch, d, layers = 2, 64, 2
+    rows = batch * (8 if causal else 24)
+    assert step.flops_by_class()["gemm"] == pytest.approx(
+        layers * 2 * rows * (4 * d * d + 2 * d * 4 * d) + 2 * batch * 100 * d, rel=1e-9)
+    attention = [op.attention for op in step.ops if op.attention is not None]
+    assert sum(op.count for op in step.ops if op.attention is not None) == layers
+    pairs = 8 * 16 + 8 * 9 // 2 if causal else 24 * 24
+    assert all(w.pairs_per_sequence == pairs and w.causal is causal for w in attention)
+    assert step.recomputes_context is not causal
+    if causal:
+        assert step.kv_bytes_per_token == 2 * layers * d * 2  # K and V of each layer, bf16
+    else:
+        assert any("attends bidirectionally (causal=false)" in n and "recomputes all 24 tokens" in n
+                   for n in step.notes)

@@ -151,6 +151,19 @@ def cast_legacy_float32(model: torch.nn.Module, dtype: torch.dtype) -> list[str]
     return sorted(cast)
 
 
+# attention modules whose causality is a config flag, not an `is_causal` attribute tracecost's attention can read:
+# modeling_xlm.py / modeling_flaubert.py MultiHeadAttention (the mask follows config.causal, false by default)
+_CAUSAL_FROM_CONFIG = {"MultiHeadAttention": "causal"}
+
+
+def mark_causality(model: torch.nn.Module, config) -> None:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for module in model.modules():
+        flag = _CAUSAL_FROM_CONFIG.get(type(module).__name__)
+        if flag is not None and isinstance(getattr(text, flag, None), bool):
+            module.is_causal = getattr(text, flag)
+
+
 _BUILD_CACHE: OrderedDict = OrderedDict()
 
 
@@ -201,6 +214,7 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
         raise ModelError(f"unsupported: cannot build {spec.name} ({type(config).__name__}) on meta: "
                          f"{type(e).__name__}: {_first_line(e)}") from None
     model.eval()
+    mark_causality(model, config)
     legacy = cast_legacy_float32(model, TORCH_DTYPES[dtype])
     if legacy:
         notes.append(f"{', '.join(legacy)}: parameters HF makes with torch.FloatTensor (always float32) are "

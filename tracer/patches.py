@@ -47,6 +47,17 @@ def _meta_mask(*args, **kwargs):
     return torch.empty(batch, 1, length, keys, dtype=embeds.dtype, device="meta")
 
 
+def _meta_length_masks(slen, lengths, causal, padding_mask=None):
+    """XLM's `get_masks` on meta: the [B, S] padding mask (every token real) and the attention mask, [B, S, S] when
+    causal; tracecost's attention knows causality itself."""
+    batch = lengths.size(0)
+    mask = torch.ones(batch, slen, dtype=torch.bool, device="meta")
+    return mask, torch.ones(batch, slen, slen, dtype=torch.bool, device="meta") if causal else mask
+
+
+_LENGTH_MASK_BUILDERS = ("get_masks",)  # modeling_xlm.py, modeling_flaubert.py
+
+
 def _sdpa(recorder):
     """torch's scaled_dot_product_attention, called directly by a model, as one tracecost attention op."""
     def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -94,6 +105,9 @@ def patched(model: torch.nn.Module, recorder, logits_rows: int | None):
         for name in _MASK_BUILDERS:
             if callable(getattr(module, name, None)):
                 bind(module, name, _meta_mask)
+        for name in _LENGTH_MASK_BUILDERS:
+            if callable(getattr(module, name, None)):
+                bind(module, name, _meta_length_masks)
     from transformers.modeling_utils import PreTrainedModel
     bind(PreTrainedModel, "warn_if_padding_and_no_attention_mask", lambda *args, **kwargs: None)  # reads token ids
     sdpa = _sdpa(recorder)

@@ -88,11 +88,8 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
     kv_size = DTYPE_BYTES[kv_dtype]
-    # a model whose forward keeps no KV cache (GPT-1, XLNet) runs every step over the whole sequence again:
-    # the step over `context` earlier tokens is the forward of all context + query tokens, as transformers runs it
-    recomputed = request.context_length > 0 and not _takes_cache(built.model)
-    traced = Request(request.num_queries, request.seq_len, 0, all_logits=request.all_logits) if recomputed \
-        else request
+    traced = _as_traced(built, request)
+    recomputed = traced is not request
     if options.dedup_layers:
         from .checks import dedup_verdict
         from .layers import DEDUP, FULL, PROBE
@@ -100,7 +97,7 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         def probe(req: Request, mode: str) -> Trace:
             built.layers.mode = mode
             try:
-                run = _run(built, req, options, kv_size, spec.name, check=False)
+                run = _run(built, _as_traced(built, req), options, kv_size, spec.name, check=False)
             finally:
                 built.layers.mode = DEDUP
             return Trace(model=spec.name, request=req, options=options, ops=run.ops, params=0, active_params=0,
@@ -113,7 +110,9 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     formats = checkpoint_formats_for(spec, options, from_config)
     run = _run(built, traced, options, kv_size, spec.name, formats=formats)
     if recomputed:
-        run.notes.append(f"{type(built.model).__name__} keeps no KV cache: this step recomputes all {request.seq_len} "
+        why = "attends bidirectionally (causal=false), so no KV cache stays valid" if _bidirectional(built.config) \
+            else "keeps no KV cache"
+        run.notes.append(f"{type(built.model).__name__} {why}: this step recomputes all {request.seq_len} "
                          f"tokens of each sequence ({request.context_length} earlier + {request.query_length} new), "
                          f"as transformers runs it")
         if "mems" in inspect.signature(built.model.forward).parameters:
@@ -243,6 +242,42 @@ def _takes_cache(model) -> bool:
     return any(n in inspect.signature(model.forward).parameters for n in (*_CACHE_ARGUMENTS, "state"))  # RWKV
 
 
+# models whose forward takes the whole sequence and drops the cached tokens itself, by the class holding the slice:
+# modeling_xlm.py XLMModel.forward ("do not recompute cached elements": input_ids[:, -(slen - cached):])
+_WHOLE_SEQUENCE_INPUT = ("XLMModel",)
+
+
+def _as_traced(built: BuiltModel, request: Request) -> Request:
+    """The step as transformers runs it. A model whose forward keeps no KV cache (GPT-1, XLNet) runs every step over
+    the whole sequence again: the step over `context` earlier tokens is the forward of all context + query tokens.
+    So does a model whose attention is bidirectional (XLM's causal=false): a new token changes every earlier token's
+    states, so no KV cache stays valid (HF's forward over one fails)."""
+    if request.context_length > 0 and (not _takes_cache(built.model) or _bidirectional(built.config)):
+        return Request(request.num_queries, request.seq_len, 0, all_logits=request.all_logits)
+    return request
+
+
+def _bidirectional(config) -> bool:
+    """The config says its self-attention is not causal (XLM, FlauBERT: `causal`, false by default)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "causal", None) is False
+
+
+def _takes_whole_sequence(model) -> bool:
+    return any(type(m).__name__ in _WHOLE_SEQUENCE_INPUT for m in model.modules())
+
+
+def _lengths(model, batch: int, length: int) -> dict:
+    """XLM's sentence lengths ([B], every sequence full), which its forward checks with `.item()`: a tiny CPU tensor
+    (meta has no values); the masks built from them are meta (patches.py)."""
+    import inspect
+
+    import torch
+    if "lengths" not in inspect.signature(model.forward).parameters:
+        return {}
+    return {"lengths": torch.full((batch,), length, dtype=torch.long, device="cpu")}
+
+
 def _forward_kwargs(model, cache, logits_rows: int | None) -> dict:
     """The cache under the name the model's forward takes it, and logits_to_keep where it is accepted."""
     import inspect
@@ -322,11 +357,13 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     recorder.moe_imbalance = options.moe_imbalance
     recorder.inline.batch = batch
     logits_rows = None if request.all_logits else 1
+    first = 0 if _takes_whole_sequence(built.model) else context  # the forward slices off the cached part itself
     with torch.device("meta"):
-        input_ids = torch.zeros(batch, q_len, dtype=torch.long)
-        positions = torch.arange(context, context + q_len).unsqueeze(0).expand(batch, -1)
+        input_ids = torch.zeros(batch, context + q_len - first, dtype=torch.long)
+        positions = torch.arange(first, context + q_len).unsqueeze(0).expand(batch, -1)
     cache = model_cache(built.model, built.num_layers, context, built.config, batch)
-    kwargs = {**_forward_kwargs(built.model, cache, logits_rows), **_padding_mask(built.model, batch, context + q_len)}
+    kwargs = {**_forward_kwargs(built.model, cache, logits_rows), **_padding_mask(built.model, batch, context + q_len),
+              **_lengths(built.model, batch, context + q_len)}
     vision_note = None
     try:
         with torch.no_grad(), recorder, warnings.catch_warnings(), patched(built.model, recorder, logits_rows):
