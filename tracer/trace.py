@@ -1,7 +1,6 @@
 """Trace one forward step of a model for a request: the entry point of the tracer."""
 from __future__ import annotations
 
-import inspect
 import json
 import time
 import warnings
@@ -115,6 +114,7 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         run.notes.append(f"{type(built.model).__name__} {why}: this step recomputes all {request.seq_len} "
                          f"tokens of each sequence ({request.context_length} earlier + {request.query_length} new), "
                          f"as transformers runs it")
+        import inspect
         if "mems" in inspect.signature(built.model.forward).parameters:
             run.notes.append("its forward can also take `mems` (Transformer-XL's memory of earlier hidden states, "
                              "from which keys and values are projected again each step): that path is not traced")
@@ -273,7 +273,7 @@ def _lengths(model, batch: int, length: int) -> dict:
     import inspect
 
     import torch
-    if "lengths" not in inspect.signature(model.forward).parameters:
+    if "lengths" not in inspect.signature(model.forward).parameters or not _takes_whole_sequence(model):
         return {}
     return {"lengths": torch.full((batch,), length, dtype=torch.long, device="cpu")}
 
