@@ -369,3 +369,27 @@ def test_xlm_takes_the_whole_sequence(tmp_path, monkeypatch, causal):
     else:
         assert any("attends bidirectionally (causal=false)" in n and "recomputes all 24 tokens" in n
                    for n in step.notes)
+
+
+CPMANT = dict(hidden_size=64, num_attention_heads=4, dim_head=16, dim_ff=128, num_hidden_layers=2, vocab_size=100,
+              prompt_length=4, prompt_types=2, segment_types=2, position_bias_num_buckets=32,
+              position_bias_max_distance=64)
+
+
+def test_cpmant_soft_prompt_runs_first_and_stays_cached(tmp_path, monkeypatch):
+    """CPM-Ant's forward takes the whole sequence and puts 4 learned prompt tokens ahead of it: the first step runs
+    them through every layer with the 16 new tokens; a later step over 24 cached tokens computes 8 new ones, whose
+    attention sees the 4 + 24 cached ones."""
+    _needs("cpmant")
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    spec = resolve_model(tiny(tmp_path, "cpmant", **CPMANT))
+    first, later = trace(spec, Request(2, 16, 0)), trace(spec, Request(2, 8, 24))
+    batch, d, ffn, layers = 2, 64, 128, 2
+    for t, rows in ((first, batch * (16 + 4)), (later, batch * 8)):
+        _assert_checks(t)
+        assert t.flops_by_class()["gemm"] == pytest.approx(
+            layers * 2 * rows * (4 * d * d + 3 * d * ffn) + 2 * batch * 100 * d, rel=1e-9)
+        assert any("4 soft-prompt tokens" in n for n in t.notes)
+        assert t.kv_bytes_per_token == 2 * layers * d * 2
+    assert {op.attention.context_length for op in later.ops if op.attention is not None} == {4 + 24}
+    assert {op.attention.query_length for op in first.ops if op.attention is not None} == {16 + 4}

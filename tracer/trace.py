@@ -228,8 +228,9 @@ class Run:
     """One traced forward: the ops (repeated layers multiplied) and what the checks found."""
     ops: list[Op]
     unformulated: dict[str, int]
-    query_length: int                    # per sequence, image tokens included
+    query_length: int                    # per sequence, image tokens (and a first step's soft prompt) included
     image_tokens: int = 0
+    cached_prompt: int = 0               # soft-prompt tokens in the cache besides the request's context
     notes: list[str] = field(default_factory=list)
     checks: dict[str, str] = field(default_factory=dict)
 
@@ -243,8 +244,18 @@ def _takes_cache(model) -> bool:
 
 
 # models whose forward takes the whole sequence and drops the cached tokens itself, by the class holding the slice:
-# modeling_xlm.py XLMModel.forward ("do not recompute cached elements": input_ids[:, -(slen - cached):])
-_WHOLE_SEQUENCE_INPUT = ("XLMModel",)
+# modeling_xlm.py XLMModel.forward ("do not recompute cached elements": input_ids[:, -(slen - cached):]),
+# modeling_cpmant.py CpmAntModel.forward (hidden_states[:, past_length:])
+_WHOLE_SEQUENCE_INPUT = ("XLMModel", "CpmAntModel")
+# models that put learned prompt tokens ahead of every sequence, by class: the config field with their count
+# (modeling_cpmant.py: prompt_length tokens prepended, dropped from the output after the first step)
+_SOFT_PROMPT = {"CpmAntModel": "prompt_length"}
+
+
+def _soft_prompt(built: BuiltModel) -> int:
+    field_name = next((_SOFT_PROMPT[type(m).__name__] for m in built.model.modules()
+                       if type(m).__name__ in _SOFT_PROMPT), None)
+    return int(getattr(built.config, field_name, 0) or 0) if field_name else 0
 
 
 def _as_traced(built: BuiltModel, request: Request) -> Request:
@@ -351,8 +362,10 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
         raise ModelError(f"{model_name}: --image-tokens needs a vision-language config (one with a vision_config); "
                          f"{type(built.model).__name__} is text-only")
     batch, q_len, context = request.num_queries, request.query_length + image_tokens, request.context_length
+    prompt = _soft_prompt(built)  # the first step computes the soft prompt too; later steps find it cached
+    cached, rows = (context + prompt, q_len) if context > 0 else (0, q_len + prompt)
     recorder = Recorder(built.model, built.layers.path)
-    recorder.context_length = context
+    recorder.context_length = cached
     recorder.kv_element_size = kv_element_size
     recorder.moe_imbalance = options.moe_imbalance
     recorder.inline.batch = batch
@@ -361,7 +374,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     with torch.device("meta"):
         input_ids = torch.zeros(batch, context + q_len - first, dtype=torch.long)
         positions = torch.arange(first, context + q_len).unsqueeze(0).expand(batch, -1)
-    cache = model_cache(built.model, built.num_layers, context, built.config, batch)
+    cache = model_cache(built.model, built.num_layers, cached, built.config, batch)
     kwargs = {**_forward_kwargs(built.model, cache, logits_rows), **_padding_mask(built.model, batch, context + q_len),
               **_lengths(built.model, batch, context + q_len)}
     vision_note = None
@@ -396,8 +409,11 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     unquantized = options.dtype if options.dtype in TORCH_DTYPE_NAMES else "bf16"
     ops = assign_formats(raw_ops, formats, built.layers.path, built.layer_groups, _output_module(built.model),
                          unquantized)
-    run = Run(ops=ops, unformulated=dict(recorder.unformulated), query_length=q_len, image_tokens=image_tokens,
-              notes=[vision_note] if vision_note else [])
+    run = Run(ops=ops, unformulated=dict(recorder.unformulated), query_length=rows, image_tokens=image_tokens,
+              notes=[vision_note] if vision_note else [], cached_prompt=cached - context)
+    if prompt:
+        run.notes.append(f"{type(built.model).__name__}'s {prompt} soft-prompt tokens run through every layer with the "
+                         f"first step and stay cached (the cache holds them besides the text tokens)")
     if check:
         _check(built, run, recorder, request, model_name)
     return run
@@ -409,11 +425,12 @@ def _check(built: BuiltModel, run: Run, recorder, request: Request, model_name: 
     tokens = batch * run.query_length
     logits_rows = tokens if request.all_logits else batch
     identity = flop_identity(built, recorder.params_read, recorder.param_rows, run.ops, tokens, logits_rows,
-                             batch * (request.context_length + run.query_length), recorder.expert_params)
+                             batch * (request.context_length + run.cached_prompt + run.query_length),
+                             recorder.expert_params)
     if not identity.holds:
         raise ModelError(f"unsupported: {model_name}: FLOP identity check failed: {identity.describe()}")
     run.checks["flop_identity"] = f"holds: {identity.traced:.6g} GEMM FLOPs = 2 x params x rows"
-    problems = context_problems(run.ops, request)
+    problems = context_problems(run.ops, replace(request, context_length=request.context_length + run.cached_prompt))
     if problems:
         raise ModelError(f"unsupported: {model_name}: cache check failed: {problems[0]}")
     run.checks["cache"] = "every attention op sees the whole context; recurrent ops continue their state"
