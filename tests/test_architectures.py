@@ -297,3 +297,99 @@ def test_serving_sim_refuses_a_model_without_kv_cache(tmp_path, capsys):
                      "--num-requests", "4", "--max-prefill-tokens", "64"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no attention KV cache (only recurrent state)" in err
+
+
+def _needs(model_type: str) -> None:
+    from transformers import CONFIG_MAPPING
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"model type {model_type} is not in the installed transformers")
+
+
+XLNET = dict(d_model=64, n_layer=2, n_head=4, d_inner=128, vocab_size=100)
+
+
+@pytest.mark.parametrize("attn_type", ["bi", "uni"])
+def test_xlnet_relative_attention_traces_exactly(tmp_path, monkeypatch, attn_type):
+    """XLNet keeps no KV cache: a step over 16 earlier tokens is the forward of all 24. Its float32 legacy
+    parameters run in bf16; its relative attention is one attention op (every key for "bi", causal for "uni") plus
+    the position scores over the relative distances (2 x 24, or 24 + 1); its r weight meets those, not the tokens."""
+    _needs("xlnet")
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    spec = resolve_model(tiny(tmp_path, "xlnet", attn_type=attn_type, **XLNET))
+    step = trace(spec, Request(2, 8, 16))
+    _assert_checks(step)
+    assert step.flops_by_class() == pytest.approx(trace(spec, Request(2, 24, 0)).flops_by_class(), rel=1e-12)
+    batch, seq, d, ffn, heads, vocab = 2, 24, 64, 128, 4, 100
+    distances = 2 * seq if attn_type == "bi" else seq + 1  # modeling_xlnet.py relative_positional_encoding
+    per_layer = 2 * batch * seq * (4 * d * d + 2 * d * ffn) + 2 * (batch * distances) * d * d
+    scores = 2 * batch * heads * seq * distances * (d // heads)
+    assert step.flops_by_class()["gemm"] == pytest.approx(2 * per_layer + 2 * scores + 2 * batch * vocab * d, rel=1e-9)
+    attention = [op for op in step.ops if op.attention is not None]
+    assert sum(op.count for op in attention) == 2
+    pairs = seq * (seq + 1) // 2 if attn_type == "uni" else seq * seq
+    assert all(op.attention.pairs_per_sequence == pairs for op in attention)
+    assert all(op.dtype == "bf16" for op in step.ops if op.op_class == "gemm")
+    assert any("torch.FloatTensor" in n for n in step.notes) and any("relative-position table" in n for n in step.notes)
+
+
+def test_xlnet_identity_needs_the_relative_distances(tmp_path, monkeypatch):
+    """Without the relative-distance rows for XLNet's r weight the FLOP identity fails: the check is exact."""
+    _needs("xlnet")
+    import tracer.checks
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    monkeypatch.setattr(tracer.checks, "RELATIVE_POSITION_WEIGHTS", {})
+    with pytest.raises(ModelError, match="FLOP identity check failed"):
+        trace(resolve_model(tiny(tmp_path, "xlnet", **XLNET)), Request(1, 4, 8))  # not traced before: not cached
+
+
+XLM = dict(emb_dim=64, n_layers=2, n_heads=4, vocab_size=100, n_langs=1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_xlm_takes_the_whole_sequence(tmp_path, monkeypatch, causal):
+    """XLM's forward takes every token and drops the cached ones itself. Causal, a step over 16 cached tokens
+    computes the 8 new ones and writes their KV; bidirectional (its default), no KV cache stays valid, so the
+    step is the forward of all 24 tokens, every query seeing every key, said in a note."""
+    _needs("xlm")
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    spec = resolve_model(tiny(tmp_path, "xlm", causal=causal, **XLM))
+    step = trace(spec, Request(2, 8, 16))
+    _assert_checks(step)
+    batch, d, layers = 2, 64, 2
+    rows = batch * (8 if causal else 24)
+    assert step.flops_by_class()["gemm"] == pytest.approx(
+        layers * 2 * rows * (4 * d * d + 2 * d * 4 * d) + 2 * batch * 100 * d, rel=1e-9)
+    attention = [op.attention for op in step.ops if op.attention is not None]
+    assert sum(op.count for op in step.ops if op.attention is not None) == layers
+    pairs = 8 * 16 + 8 * 9 // 2 if causal else 24 * 24
+    assert all(w.pairs_per_sequence == pairs and w.causal is causal for w in attention)
+    assert step.recomputes_context is not causal
+    if causal:
+        assert step.kv_bytes_per_token == 2 * layers * d * 2  # K and V of each layer, bf16
+    else:
+        assert any("attends bidirectionally (causal=false)" in n and "recomputes all 24 tokens" in n
+                   for n in step.notes)
+
+
+CPMANT = dict(hidden_size=64, num_attention_heads=4, dim_head=16, dim_ff=128, num_hidden_layers=2, vocab_size=100,
+              prompt_length=4, prompt_types=2, segment_types=2, position_bias_num_buckets=32,
+              position_bias_max_distance=64)
+
+
+def test_cpmant_soft_prompt_runs_first_and_stays_cached(tmp_path, monkeypatch):
+    """CPM-Ant's forward takes the whole sequence and puts 4 learned prompt tokens ahead of it: the first step runs
+    them through every layer with the 16 new tokens; a later step over 24 cached tokens computes 8 new ones, whose
+    attention sees the 4 + 24 cached ones."""
+    _needs("cpmant")
+    monkeypatch.setenv("TRACECOST_NO_CACHE", "1")
+    spec = resolve_model(tiny(tmp_path, "cpmant", **CPMANT))
+    first, later = trace(spec, Request(2, 16, 0)), trace(spec, Request(2, 8, 24))
+    batch, d, ffn, layers = 2, 64, 128, 2
+    for t, rows in ((first, batch * (16 + 4)), (later, batch * 8)):
+        _assert_checks(t)
+        assert t.flops_by_class()["gemm"] == pytest.approx(
+            layers * 2 * rows * (4 * d * d + 3 * d * ffn) + 2 * batch * 100 * d, rel=1e-9)
+        assert any("4 soft-prompt tokens" in n for n in t.notes)
+        assert t.kv_bytes_per_token == 2 * layers * d * 2
+    assert {op.attention.context_length for op in later.ops if op.attention is not None} == {4 + 24}
+    assert {op.attention.query_length for op in first.ops if op.attention is not None} == {16 + 4}

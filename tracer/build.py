@@ -126,6 +126,44 @@ def register_legacy_attention_classes(auto, config) -> None:
                 table[IMPLEMENTATION] = fallback
 
 
+def cast_legacy_float32(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
+    """Parameters a modeling file makes with the legacy `torch.FloatTensor(...)` constructor (XLNet's attention
+    and mask embedding) are float32 on the CPU whatever dtype and device the model is built in (HF's loading
+    then keeps an existing parameter's dtype); HF's own forward mixes them with bf16 activations on meta and
+    fails. They are moved to meta in the model's dtype, as `model.to(dtype)` does before serving. Parameters made
+    float32 on purpose (an explicit `dtype=torch.float32`: routers, SSM decays) are left as they are. Returns
+    the moved modules' class names."""
+    import inspect
+    cast, legacy = set(), {}
+    for module in model.modules():
+        cls = type(module)
+        if cls not in legacy:  # one source read per class, not per module (a large model has thousands)
+            try:
+                legacy[cls] = "torch.FloatTensor(" in inspect.getsource(cls.__init__)
+            except (OSError, TypeError):
+                legacy[cls] = False
+        if not legacy[cls]:
+            continue
+        for name, p in module.named_parameters(recurse=False):
+            if p.device.type != "meta" or p.dtype != dtype:
+                setattr(module, name, torch.nn.Parameter(p.to("meta", dtype), requires_grad=p.requires_grad))
+                cast.add(type(module).__name__)
+    return sorted(cast)
+
+
+# attention modules whose causality is a config flag, not an `is_causal` attribute tracecost's attention can read:
+# modeling_xlm.py / modeling_flaubert.py MultiHeadAttention (the mask follows config.causal, false by default)
+_CAUSAL_FROM_CONFIG = {"MultiHeadAttention": "causal"}
+
+
+def mark_causality(model: torch.nn.Module, config) -> None:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for module in model.modules():
+        flag = _CAUSAL_FROM_CONFIG.get(type(module).__name__)
+        if flag is not None and isinstance(getattr(text, flag, None), bool):
+            module.is_causal = getattr(text, flag)
+
+
 _BUILD_CACHE: OrderedDict = OrderedDict()
 
 
@@ -176,6 +214,11 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
         raise ModelError(f"unsupported: cannot build {spec.name} ({type(config).__name__}) on meta: "
                          f"{type(e).__name__}: {_first_line(e)}") from None
     model.eval()
+    mark_causality(model, config)
+    legacy = cast_legacy_float32(model, TORCH_DTYPES[dtype])
+    if legacy:
+        notes.append(f"{', '.join(legacy)}: parameters HF makes with torch.FloatTensor (always float32) are "
+                     f"{dtype}, as after model.to({dtype})")
     mla_modules = mla.use_absorbed_form(model) if mla_form == "absorbed" else sum(
         1 for m in model.modules() if mla.fits_absorbed_form(m))
     if any(mla.is_mla(m) and not mla.fits_absorbed_form(m) for m in model.modules()):

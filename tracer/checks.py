@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from . import disk_cache
 from .layers import DEDUP, PROBE
 from .model_source import ModelError
+from .patches import RELATIVE_POSITION_SCORES, RELATIVE_POSITION_WEIGHTS
 from .work import GEMM, Request, Trace
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class Identity:
     largest_gap: tuple | None = None  # (module, expected minus traced FLOPs) where the two differ most
     reused_weights: list[str] = field(default_factory=list)  # weights a layer applies more than once per step
     per_head_weights: list[str] = field(default_factory=list)  # weights applied to every head of every token
+    position_weights: list[str] = field(default_factory=list)  # weights applied to a relative-distance table
 
     @property
     def holds(self) -> bool:
@@ -128,7 +130,9 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
             return f"{layers.path}.{layers.replay[int(m.group(1))]}.{m.group(2)[:-2]}"
         return path
 
-    expected, unread, cache_weights, reused, per_head = 0.0, 0, [], [], []
+    # rows of the relative-position table per module: [R distances, B sequences, ...] keys of its position scores
+    distances = {op.module: op.shapes[1][0] * op.shapes[1][1] for op in ops if op.name == RELATIVE_POSITION_SCORES}
+    expected, unread, cache_weights, reused, per_head, position_weights = 0.0, 0, [], [], [], []
     by_module: dict[str, float] = {}  # expected minus traced FLOPs per module (the largest gap is reported)
     for pid, p in params.items():
         if p.dim() < 2:
@@ -173,6 +177,10 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
             elif cache_rows != tokens and seen and all(abs(r - cache_rows) < 0.5 for r in seen):
                 rows = float(cache_rows) * len(seen)
                 cache_weights.append(path.rsplit(".", 1)[-1])
+            elif seen and name.rsplit(".", 1)[-1] in RELATIVE_POSITION_WEIGHTS.get(type(owner).__name__, ()) \
+                    and all(abs(r - distances.get(representative(path), -1)) < 0.5 for r in seen):
+                rows = float(distances[representative(path)])  # the relative distances of each sequence (XLNet's r)
+                position_weights.append(path.rsplit(".", 1)[-1] + "." + name.rsplit(".", 1)[-1])
             elif seen and _heads(model, path) and all(abs(r - tokens * _heads(model, path)) < 0.5 for r in seen):
                 rows = float(tokens) * _heads(model, path) * len(seen)  # shared by the heads (Inkling's rel. logits)
                 per_head.append(path.rsplit(".", 1)[-1])
@@ -184,6 +192,8 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
         if op.op_class != GEMM or not in_scope(op.module):
             continue
         if op.weight_operand == "buffer":  # position encodings (inv_freq x positions): not a weight of the model
+            continue
+        if op.name == RELATIVE_POSITION_SCORES:  # queries x position keys: attention-core work, like q . k
             continue
         if op.weight_operand is None and op.experts is None and _per_token_mixing(op, tokens):
             mixing += op.flops * op.count
@@ -197,6 +207,7 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
     return Identity(traced=traced, expected=expected, weightless=weightless, weightless_modules=weightless_modules,
                     unread_params=unread, cache_weights=sorted(set(cache_weights)), mixing=mixing,
                     reused_weights=sorted(set(reused)), per_head_weights=sorted(set(per_head)),
+                    position_weights=sorted(set(position_weights)),
                     largest_gap=gap if abs(gap[1]) > IDENTITY_TOLERANCE * max(expected, 1.0) else None)
 
 

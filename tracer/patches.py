@@ -47,6 +47,17 @@ def _meta_mask(*args, **kwargs):
     return torch.empty(batch, 1, length, keys, dtype=embeds.dtype, device="meta")
 
 
+def _meta_length_masks(slen, lengths, causal, padding_mask=None):
+    """XLM's `get_masks` on meta: the [B, S] padding mask (every token real) and the attention mask, [B, S, S] when
+    causal; tracecost's attention knows causality itself."""
+    batch = lengths.size(0)
+    mask = torch.ones(batch, slen, dtype=torch.bool, device="meta")
+    return mask, torch.ones(batch, slen, slen, dtype=torch.bool, device="meta") if causal else mask
+
+
+_LENGTH_MASK_BUILDERS = ("get_masks",)  # modeling_xlm.py, modeling_flaubert.py
+
+
 def _sdpa(recorder):
     """torch's scaled_dot_product_attention, called directly by a model, as one tracecost attention op."""
     def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -94,6 +105,9 @@ def patched(model: torch.nn.Module, recorder, logits_rows: int | None):
         for name in _MASK_BUILDERS:
             if callable(getattr(module, name, None)):
                 bind(module, name, _meta_mask)
+        for name in _LENGTH_MASK_BUILDERS:
+            if callable(getattr(module, name, None)):
+                bind(module, name, _meta_length_masks)
     from transformers.modeling_utils import PreTrainedModel
     bind(PreTrainedModel, "warn_if_padding_and_no_attention_mask", lambda *args, **kwargs: None)  # reads token ids
     sdpa = _sdpa(recorder)
@@ -163,7 +177,39 @@ def xmod_lang_adapter(self, lang_ids, hidden_states):
     return self.dropout(adapter(hidden_states)) + residual
 
 
-METHOD_REPLACEMENTS = {"XmodOutput": ("lang_adapter", xmod_lang_adapter)}
+RELATIVE_POSITION_SCORES = "tracecost.relative_position_scores"
+# weights applied to a relative-position table (one row per query-key distance of each sequence: K + Q in XLNet's
+# "bi" attention, K + 1 in "uni"), not to the tokens, by module class; the position scores op gives the rows
+RELATIVE_POSITION_WEIGHTS = {"XLNetRelativeAttention": ("r",)}
+
+
+def xlnet_rel_attn_core(self, q_head, k_head_h, v_head_h, k_head_r, seg_mat=None, attn_mask=None,
+                        output_attentions=False):
+    """XLNet's relative attention (modeling_xlnet.py rel_attn_core, Transformer-XL style) over [I, B, N, D] queries:
+    content scores (q + r_w_bias) . k, softmax and the product with v are one attention op (causal for
+    attn_type "uni", which passes a mask; "bi" passes none and every query sees every key); the position scores
+    (q + r_r_bias) . k_r over the relative distances are one more product of the fused scores, recorded as
+    such. HF's relative shift and the sum of the score terms are inside the kernel, as for other inline attention."""
+    from .recorder import active_recorder
+    from .work import GEMM, MATRIX, GemmShape
+    if seg_mat is not None or output_attentions:
+        raise NotImplementedError("XLNet segment scores or returned attention probabilities")
+    q_len, batch, heads, dim = q_head.shape
+    content = (q_head + self.r_w_bias).permute(1, 2, 0, 3)   # [B, N, I, D]
+    position = (q_head + self.r_r_bias).permute(1, 2, 0, 3)
+    keys, values = k_head_h.permute(1, 2, 0, 3), v_head_h.permute(1, 2, 0, 3)
+    distances = k_head_r.shape[0]
+    scores = position.new_empty(batch, heads, q_len, distances)
+    rec = active_recorder()
+    if rec is not None:
+        rec.record(RELATIVE_POSITION_SCORES, GEMM, MATRIX, 2.0 * batch * heads * q_len * distances * dim,
+                   [position, k_head_r], [scores], gemm=GemmShape(m=q_len, n=distances, k=dim, batch=batch * heads))
+    out = record_attention(content, keys, values, None, causal=attn_mask is not None)  # [B, I, N, D]
+    return out.permute(1, 0, 2, 3)
+
+
+METHOD_REPLACEMENTS = {"XmodOutput": ("lang_adapter", xmod_lang_adapter),
+                       "XLNetRelativeAttention": ("rel_attn_core", xlnet_rel_attn_core)}
 
 
 def replace_forwards(model: torch.nn.Module) -> int:

@@ -87,11 +87,8 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     start = time.perf_counter()
     built = build_model(spec, build_dtype, options.mla_form, options.trust_remote_code, options.dedup_layers)
     kv_size = DTYPE_BYTES[kv_dtype]
-    # a model whose forward keeps no KV cache (GPT-1, XLNet) runs every step over the whole sequence again:
-    # the step over `context` earlier tokens is the forward of all context + query tokens, as transformers runs it
-    recomputed = request.context_length > 0 and not _takes_cache(built.model)
-    traced = Request(request.num_queries, request.seq_len, 0, all_logits=request.all_logits) if recomputed \
-        else request
+    traced = _as_traced(built, request)
+    recomputed = traced is not request
     if options.dedup_layers:
         from .checks import dedup_verdict
         from .layers import DEDUP, FULL, PROBE
@@ -99,7 +96,7 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         def probe(req: Request, mode: str) -> Trace:
             built.layers.mode = mode
             try:
-                run = _run(built, req, options, kv_size, spec.name, check=False)
+                run = _run(built, _as_traced(built, req), options, kv_size, spec.name, check=False)
             finally:
                 built.layers.mode = DEDUP
             return Trace(model=spec.name, request=req, options=options, ops=run.ops, params=0, active_params=0,
@@ -112,9 +109,15 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
     formats = checkpoint_formats_for(spec, options, from_config)
     run = _run(built, traced, options, kv_size, spec.name, formats=formats)
     if recomputed:
-        run.notes.append(f"{type(built.model).__name__} keeps no KV cache: this step recomputes all {request.seq_len} "
+        why = "attends bidirectionally (causal=false), so no KV cache stays valid" if _bidirectional(built.config) \
+            else "keeps no KV cache"
+        run.notes.append(f"{type(built.model).__name__} {why}: this step recomputes all {request.seq_len} "
                          f"tokens of each sequence ({request.context_length} earlier + {request.query_length} new), "
                          f"as transformers runs it")
+        import inspect
+        if "mems" in inspect.signature(built.model.forward).parameters:
+            run.notes.append("its forward can also take `mems` (Transformer-XL's memory of earlier hidden states, "
+                             "from which keys and values are projected again each step): that path is not traced")
     ops = _quantize_weights(run.ops)
     kv_written = sum(op.bytes_written * op.count for op in ops if op.kv_cache_write)
     state_bytes = sum(op.state.state_bytes * op.count for op in ops if op.state is not None)
@@ -225,8 +228,9 @@ class Run:
     """One traced forward: the ops (repeated layers multiplied) and what the checks found."""
     ops: list[Op]
     unformulated: dict[str, int]
-    query_length: int                    # per sequence, image tokens included
+    query_length: int                    # per sequence, image tokens (and a first step's soft prompt) included
     image_tokens: int = 0
+    cached_prompt: int = 0               # soft-prompt tokens in the cache besides the request's context
     notes: list[str] = field(default_factory=list)
     checks: dict[str, str] = field(default_factory=dict)
 
@@ -237,6 +241,52 @@ _CACHE_ARGUMENTS = ("past_key_values", "cache", "cache_params")  # by release an
 def _takes_cache(model) -> bool:
     import inspect
     return any(n in inspect.signature(model.forward).parameters for n in (*_CACHE_ARGUMENTS, "state"))  # RWKV
+
+
+# models whose forward takes the whole sequence and drops the cached tokens itself, by the class holding the slice:
+# modeling_xlm.py XLMModel.forward ("do not recompute cached elements": input_ids[:, -(slen - cached):]),
+# modeling_cpmant.py CpmAntModel.forward (hidden_states[:, past_length:])
+_WHOLE_SEQUENCE_INPUT = ("XLMModel", "CpmAntModel")
+# models that put learned prompt tokens ahead of every sequence, by class: the config field with their count
+# (modeling_cpmant.py: prompt_length tokens prepended, dropped from the output after the first step)
+_SOFT_PROMPT = {"CpmAntModel": "prompt_length"}
+
+
+def _soft_prompt(built: BuiltModel) -> int:
+    field_name = next((_SOFT_PROMPT[type(m).__name__] for m in built.model.modules()
+                       if type(m).__name__ in _SOFT_PROMPT), None)
+    return int(getattr(built.config, field_name, 0) or 0) if field_name else 0
+
+
+def _as_traced(built: BuiltModel, request: Request) -> Request:
+    """The step as transformers runs it. A model whose forward keeps no KV cache (GPT-1, XLNet) runs every step over
+    the whole sequence again: the step over `context` earlier tokens is the forward of all context + query tokens.
+    So does a model whose attention is bidirectional (XLM's causal=false): a new token changes every earlier token's
+    states, so no KV cache stays valid (HF's forward over one fails)."""
+    if request.context_length > 0 and (not _takes_cache(built.model) or _bidirectional(built.config)):
+        return Request(request.num_queries, request.seq_len, 0, all_logits=request.all_logits)
+    return request
+
+
+def _bidirectional(config) -> bool:
+    """The config says its self-attention is not causal (XLM, FlauBERT: `causal`, false by default)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "causal", None) is False
+
+
+def _takes_whole_sequence(model) -> bool:
+    return any(type(m).__name__ in _WHOLE_SEQUENCE_INPUT for m in model.modules())
+
+
+def _lengths(model, batch: int, length: int) -> dict:
+    """XLM's sentence lengths ([B], every sequence full), which its forward checks with `.item()`: a tiny CPU tensor
+    (meta has no values); the masks built from them are meta (patches.py)."""
+    import inspect
+
+    import torch
+    if "lengths" not in inspect.signature(model.forward).parameters or not _takes_whole_sequence(model):
+        return {}
+    return {"lengths": torch.full((batch,), length, dtype=torch.long, device="cpu")}
 
 
 def _forward_kwargs(model, cache, logits_rows: int | None) -> dict:
@@ -312,17 +362,21 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
         raise ModelError(f"{model_name}: --image-tokens needs a vision-language config (one with a vision_config); "
                          f"{type(built.model).__name__} is text-only")
     batch, q_len, context = request.num_queries, request.query_length + image_tokens, request.context_length
+    prompt = _soft_prompt(built)  # the first step computes the soft prompt too; later steps find it cached
+    cached, rows = (context + prompt, q_len) if context > 0 else (0, q_len + prompt)
     recorder = Recorder(built.model, built.layers.path)
-    recorder.context_length = context
+    recorder.context_length = cached
     recorder.kv_element_size = kv_element_size
     recorder.moe_imbalance = options.moe_imbalance
     recorder.inline.batch = batch
     logits_rows = None if request.all_logits else 1
+    first = 0 if _takes_whole_sequence(built.model) else context  # the forward slices off the cached part itself
     with torch.device("meta"):
-        input_ids = torch.zeros(batch, q_len, dtype=torch.long)
-        positions = torch.arange(context, context + q_len).unsqueeze(0).expand(batch, -1)
-    cache = model_cache(built.model, built.num_layers, context, built.config, batch)
-    kwargs = {**_forward_kwargs(built.model, cache, logits_rows), **_padding_mask(built.model, batch, context + q_len)}
+        input_ids = torch.zeros(batch, context + q_len - first, dtype=torch.long)
+        positions = torch.arange(first, context + q_len).unsqueeze(0).expand(batch, -1)
+    cache = model_cache(built.model, built.num_layers, cached, built.config, batch)
+    kwargs = {**_forward_kwargs(built.model, cache, logits_rows), **_padding_mask(built.model, batch, context + q_len),
+              **_lengths(built.model, batch, context + q_len)}
     vision_note = None
     try:
         with torch.no_grad(), recorder, warnings.catch_warnings(), patched(built.model, recorder, logits_rows):
@@ -355,8 +409,11 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     unquantized = options.dtype if options.dtype in TORCH_DTYPE_NAMES else "bf16"
     ops = assign_formats(raw_ops, formats, built.layers.path, built.layer_groups, _output_module(built.model),
                          unquantized)
-    run = Run(ops=ops, unformulated=dict(recorder.unformulated), query_length=q_len, image_tokens=image_tokens,
-              notes=[vision_note] if vision_note else [])
+    run = Run(ops=ops, unformulated=dict(recorder.unformulated), query_length=rows, image_tokens=image_tokens,
+              notes=[vision_note] if vision_note else [], cached_prompt=cached - context)
+    if prompt:
+        run.notes.append(f"{type(built.model).__name__}'s {prompt} soft-prompt tokens run through every layer with the "
+                         f"first step and stay cached (the cache holds them besides the text tokens)")
     if check:
         _check(built, run, recorder, request, model_name)
     return run
@@ -368,11 +425,12 @@ def _check(built: BuiltModel, run: Run, recorder, request: Request, model_name: 
     tokens = batch * run.query_length
     logits_rows = tokens if request.all_logits else batch
     identity = flop_identity(built, recorder.params_read, recorder.param_rows, run.ops, tokens, logits_rows,
-                             batch * (request.context_length + run.query_length), recorder.expert_params)
+                             batch * (request.context_length + run.cached_prompt + run.query_length),
+                             recorder.expert_params)
     if not identity.holds:
         raise ModelError(f"unsupported: {model_name}: FLOP identity check failed: {identity.describe()}")
     run.checks["flop_identity"] = f"holds: {identity.traced:.6g} GEMM FLOPs = 2 x params x rows"
-    problems = context_problems(run.ops, request)
+    problems = context_problems(run.ops, replace(request, context_length=request.context_length + run.cached_prompt))
     if problems:
         raise ModelError(f"unsupported: {model_name}: cache check failed: {problems[0]}")
     run.checks["cache"] = "every attention op sees the whole context; recurrent ops continue their state"
@@ -384,6 +442,9 @@ def _check(built: BuiltModel, run: Run, recorder, request: Request, model_name: 
         run.notes.append(f"{', '.join(identity.reused_weights)}: applied more than once per step, as HF runs the model")
     if identity.per_head_weights:
         run.notes.append(f"{', '.join(identity.per_head_weights)}: one weight applied to every head of every token")
+    if identity.position_weights:
+        run.notes.append(f"{', '.join(identity.position_weights)}: applied to the relative-position table (every "
+                         f"query-key distance of each sequence), as HF runs the model")
     if identity.mixing:
         run.notes.append(f"{identity.mixing:.3g} FLOPs of tiny per-token products without weights (e.g. AltUp "
                          f"mixing) are counted as traced")
