@@ -446,20 +446,7 @@ def write(args, hw, scaling, overheads, std, at_bound, fit_device, source, summa
     bundled = profiles_dir() / f"{hw.key}.json"
     data = json.loads((bundled if bundled.is_file() else Path(hw.path)).read_text())
     data["engines"] = {"from": (hw.engines_data or {}).get("from", "h100"), "serving_fit": section}
-    text = json.dumps(data, indent=1, allow_nan=False) + "\n"
-    output = Path(args.output or f"calibrated-{hw.key}-serving.json")
-    if output.resolve() == bundled.resolve():
-        print("error: --output would overwrite the bundled profile; use --write-profile", file=sys.stderr)
-        return 2
-    output.write_text(text)
-    log(f"wrote {output}")
-    if args.write_profile:
-        if not better:
-            log(f"not replacing {bundled}: the fit is not better than the current profile on the fitted rows")
-            return 1
-        bundled.write_text(text)
-        log(f"replaced {bundled}")
-    return 0
+    return _store(args, data, bundled, Path(args.output or f"calibrated-{hw.key}-serving.json"), better, log)
 
 
 def write_power(args, hw, power: PowerLimit, std, at_bound, source, summary, better, log) -> int:
@@ -471,8 +458,13 @@ def write_power(args, hw, power: PowerLimit, std, at_bound, source, summary, bet
                                 "std_error": None if error is None else round(float(error), 4), "source": source})
     if at_bound:
         data["power_limit"]["source"]["at_bound"] = at_bound
+    return _store(args, data, bundled, Path(args.output or f"calibrated-{hw.key.split(':')[0]}-serving.json"),
+                  better, log)
+
+
+def _store(args, data: dict, bundled: Path, output: Path, better: bool, log) -> int:
+    """Write the fitted profile to `output`; with --write-profile, replace the bundled one if the fit is better."""
     text = json.dumps(data, indent=1, allow_nan=False) + "\n"
-    output = Path(args.output or f"calibrated-{hw.key.split(':')[0]}-serving.json")
     if output.resolve() == bundled.resolve():
         print("error: --output would overwrite the bundled profile; use --write-profile", file=sys.stderr)
         return 2
