@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 
 import torch
 
@@ -77,9 +78,15 @@ def _eager_attention(module, query, key, value, attention_mask=None, *args, **kw
     return tracecost_attention(module, query, key, value, attention_mask, **kwargs)
 
 
+_MODULE_FILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _modeling_modules(model: torch.nn.Module) -> list:
-    names = {type(m).__module__ for m in model.modules()}
-    return [sys.modules[n] for n in sorted(names) if n in sys.modules and n.startswith("transformers.models.")]
+    """The transformers modeling files the model's classes come from (its module tree walked once per model)."""
+    names = _MODULE_FILES.get(model)
+    if names is None:
+        names = _MODULE_FILES[model] = sorted({type(m).__module__ for m in model.modules()})
+    return [sys.modules[n] for n in names if n in sys.modules and n.startswith("transformers.models.")]
 
 
 @contextlib.contextmanager

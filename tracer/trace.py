@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -252,9 +253,19 @@ _WHOLE_SEQUENCE_INPUT = ("XLMModel", "CpmAntModel")
 _SOFT_PROMPT = {"CpmAntModel": "prompt_length"}
 
 
+_CLASS_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def module_class_names(model) -> frozenset:
+    """The class names of every module of a built model, walked once per model (a trace asks several times)."""
+    names = _CLASS_NAMES.get(model)
+    if names is None:
+        names = _CLASS_NAMES[model] = frozenset(type(m).__name__ for m in model.modules())
+    return names
+
+
 def _soft_prompt(built: BuiltModel) -> int:
-    field_name = next((_SOFT_PROMPT[type(m).__name__] for m in built.model.modules()
-                       if type(m).__name__ in _SOFT_PROMPT), None)
+    field_name = next((_SOFT_PROMPT[name] for name in module_class_names(built.model) if name in _SOFT_PROMPT), None)
     return int(getattr(built.config, field_name, 0) or 0) if field_name else 0
 
 
@@ -275,7 +286,7 @@ def _bidirectional(config) -> bool:
 
 
 def _takes_whole_sequence(model) -> bool:
-    return any(type(m).__name__ in _WHOLE_SEQUENCE_INPUT for m in model.modules())
+    return not module_class_names(model).isdisjoint(_WHOLE_SEQUENCE_INPUT)
 
 
 def _lengths(model, batch: int, length: int) -> dict:
