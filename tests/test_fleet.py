@@ -218,6 +218,8 @@ def test_hw_profiles_shows_the_fit_per_engine():
     line = next(l for l in out.splitlines() if l.startswith("gb300 "))
     assert "vllm fitted" in line and "sglang fitted" in line and "trtllm from gb200" in line
     line = next(l for l in out.splitlines() if l.startswith("b300 "))
+    assert "vllm fitted" in line and "sglang fitted" in line and "trtllm from this device (vllm)" in line
+    line = next(l for l in out.splitlines() if l.startswith("b200 "))
     assert "vllm fitted" in line and "sglang from this device (vllm)" in line
     line = next(l for l in out.splitlines() if l.startswith("gh200 "))
     assert "vllm from h200, sglang from h200, trtllm from h200" in line
@@ -273,7 +275,8 @@ def test_disaggregated_kv_moves_on_nvlink_inside_the_domain(device, link):
 
 @pytest.mark.parametrize("system, engine", [("gb200", "vllm"), ("gb200", "trtllm"), ("gb200", "sglang"),
                                             ("gb300", "vllm"), ("gb300", "sglang"), ("b300_sxm", "vllm"),
-                                            ("rtx_pro_6000_server", "vllm")])
+                                            ("b300_sxm", "sglang"), ("rtx_pro_6000_server", "vllm"),
+                                            ("rtx_pro_6000_server", "sglang")])
 def test_nvl72_fits_predict_held_out_table_rows(system, engine):
     """Fitted on a seeded half of AIConfigurator 0.12's tables; these rows are from the other half."""
     import numpy as np
