@@ -150,10 +150,11 @@ def test_origin_names_the_fitted_sibling():
     from cost.provenance import kernel_origin
     fitted = kernel_origin(load_profile("h100"), "vllm")
     assert not fitted.carried_over and fitted.headline() is None
-    b300 = kernel_origin(load_profile("b300"), "trtllm")     # this device's vLLM fit
-    assert b300.carried_over and b300.fitted_on == "NVIDIA B300 (HGX)" and b300.kernels_engine == "vllm"
-    assert b300.headline() == ("carried over: TensorRT-LLM kernel models on NVIDIA B300 (HGX) are vLLM's fit "
+    b200 = kernel_origin(load_profile("b200"), "trtllm")     # this device's vLLM fit
+    assert b200.carried_over and b200.fitted_on == "NVIDIA B200 (HGX)" and b200.kernels_engine == "vllm"
+    assert b200.headline() == ("carried over: TensorRT-LLM kernel models on NVIDIA B200 (HGX) are vLLM's fit "
                                "(no TensorRT-LLM fit on this device)")
+    assert not kernel_origin(load_profile("b300"), "trtllm").carried_over     # fitted on its own tables
     nvl = kernel_origin(load_profile("h200nvl"), "vllm")
     assert nvl.carried_over and nvl.fitted_on == "NVIDIA H200 SXM" and "H200 SXM" in nvl.headline()
     gb300 = kernel_origin(load_profile("gb300"), "trtllm")
@@ -218,7 +219,7 @@ def test_hw_profiles_shows_the_fit_per_engine():
     line = next(l for l in out.splitlines() if l.startswith("gb300 "))
     assert "vllm fitted" in line and "sglang fitted" in line and "trtllm from gb200" in line
     line = next(l for l in out.splitlines() if l.startswith("b300 "))
-    assert "vllm fitted" in line and "sglang fitted" in line and "trtllm from this device (vllm)" in line
+    assert "vllm fitted" in line and "sglang fitted" in line and "trtllm fitted" in line
     line = next(l for l in out.splitlines() if l.startswith("b200 "))
     assert "vllm fitted" in line and "sglang from this device (vllm)" in line
     line = next(l for l in out.splitlines() if l.startswith("gh200 "))
@@ -275,8 +276,9 @@ def test_disaggregated_kv_moves_on_nvlink_inside_the_domain(device, link):
 
 @pytest.mark.parametrize("system, engine", [("gb200", "vllm"), ("gb200", "trtllm"), ("gb200", "sglang"),
                                             ("gb300", "vllm"), ("gb300", "sglang"), ("b300_sxm", "vllm"),
-                                            ("b300_sxm", "sglang"), ("rtx_pro_6000_server", "vllm"),
-                                            ("rtx_pro_6000_server", "sglang")])
+                                            ("b300_sxm", "sglang"), ("b300_sxm", "trtllm"),
+                                            ("rtx_pro_6000_server", "vllm"), ("rtx_pro_6000_server", "sglang"),
+                                            ("rtx_pro_6000_server", "trtllm")])
 def test_nvl72_fits_predict_held_out_table_rows(system, engine):
     """Fitted on a seeded half of AIConfigurator 0.12's tables; these rows are from the other half."""
     import numpy as np
