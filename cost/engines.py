@@ -50,17 +50,19 @@ class Engine:
             # vllm/engine/arg_utils.py get_batch_defaults (API server): 8192 tokens / 1024 seqs on >= 70 GiB
             # GPUs other than A100, else 2048 / 256; gpu_memory_utilization 0.9; graphs up to 512;
             # KV blocks of 16 tokens (vllm/config/cache.py block_size)
-            return ServingDefaults(1024 if big else 256, 8192 if big else 2048, 0.9, False, 512, True, 16)
+            return ServingDefaults(1024 if big else 256, 8192 if big else 2048, 0.9, False, 512, True,
+                                   cache_block_tokens=16)
         if self.name == "sglang":
             # sglang/srt/server_args.py: chunked_prefill_size 8192 on large GPUs (else 2048),
             # mem_fraction_static about 0.88, cuda_graph_max_bs 256 on large GPUs (else 160); the radix cache
             # matches single tokens (page_size 1). mem_fraction_static is the share for weights and the KV pool
             # ("static allocation"): activations and CUDA graphs live in the rest
-            return ServingDefaults(2048, 8192 if big else 2048, 0.88, False, 256 if big else 160, True, 1, False)
+            return ServingDefaults(2048, 8192 if big else 2048, 0.88, False, 256 if big else 160, True,
+                                   cache_block_tokens=1, activations_in_budget=False)
         # TensorRT-LLM (trtllm-serve / trtllm-bench): max_batch_size 2048, max_num_tokens 8192,
         # KV cache takes free_gpu_memory_fraction 0.9 of what the engine leaves free; no chunked context;
         # KV blocks of 32 tokens (tensorrt_llm KvCacheConfig tokens_per_block)
-        return ServingDefaults(2048, 8192, 0.9, True, 2048, False, 32)
+        return ServingDefaults(2048, 8192, 0.9, True, 2048, False, cache_block_tokens=32)
 
 
 # Where each engine runs: vLLM builds for CUDA and ROCm (vllm docs/getting_started/installation/gpu: "NVIDIA CUDA",

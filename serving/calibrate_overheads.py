@@ -129,10 +129,14 @@ def fit_releases(runs: list[PublishedRun], pool: PredictorPool, fraction: float,
             "releases": releases}
 
 
+def _bundled(engine: str) -> dict:
+    """The engine's entry of the bundled cost/engine_serving.json ({} when it has none)."""
+    return json.loads((resources.files("cost") / "engine_serving.json").read_text()).get(engine) or {}
+
+
 def _current_shared(engine: str) -> ServingOverheads | None:
     """The bundled fit's shared overheads, where the engine has its own: the search starts there."""
-    entry = json.loads((resources.files("cost") / "engine_serving.json").read_text()).get(engine) or {}
-    shared = (entry.get("shared") or {}).get("params")
+    shared = (_bundled(engine).get("shared") or {}).get("params")
     return ServingOverheads.from_json(shared, f"engine_serving.json:{engine}") if shared else None
 
 
@@ -177,7 +181,7 @@ def main(argv=None) -> int:
     entry = {"origin": f"fitted by python -m serving.calibrate_overheads on {sum(r['fitted_rows'] for r in result['releases'].values())} "
                        f"{ENGINES[args.engine].label} rows of {names} (seed {args.seed}, fit fraction {args.fit_fraction:g}, "
                        f"demand {args.demand:g})", **result}
-    current = json.loads((resources.files("cost") / "engine_serving.json").read_text()).get(args.engine) or {}
+    current = _bundled(args.engine)
     if "reserve_source" in current:      # the reserve is kept as set, with where it comes from
         entry["reserve_source"] = current["reserve_source"]
     for rel, r in result["releases"].items():

@@ -153,14 +153,14 @@ class Engine:
             return False     # staged or eagerly launched steps: priced one by one (StepCost.step)
         # the same terms as StepCost.step of `batch` decodes: with CUDA graphs and one stage, what the step costs
         # beyond its kernels does not depend on them
-        linear = cost.linear(batch) + cost.logits(batch)
-        overhead = cost.beyond_kernels(batch, batch, linear, decode_only=True)
-        # step j ends at the sum of the steps before it, each linear + its attention + overhead (numpy adds in the
-        # same order: the same floats), and the run ends with the first step that reaches the horizon
+        outside_attention = cost.linear(batch) + cost.logits(batch)
+        overhead = cost.beyond_kernels(batch, batch, outside_attention, decode_only=True)
+        # step j ends at the sum of the steps before it, each outside_attention + its attention + overhead (numpy
+        # adds in the same order: the same floats), and the run ends with the first step that reaches the horizon
         now, j = self.clock, 0
         while j < steps:
-            ends = np.add.accumulate(np.concatenate(
-                ([now], linear + cost.decode_attention_from(batch, context // batch + j, steps - j) + overhead)))[1:]
+            attention = cost.decode_attention_from(batch, context // batch + j, steps - j)
+            ends = np.add.accumulate(np.concatenate(([now], outside_attention + attention + overhead)))[1:]
             crossed = int(np.searchsorted(ends, horizon))
             if crossed < len(ends):
                 j, now = j + crossed + 1, float(ends[crossed])

@@ -44,6 +44,14 @@ class Workload:
         return self.lengths.describe() if self.lengths is not None else \
             fixed_lengths(self.input_tokens, self.output_tokens)
 
+    @property
+    def longest_request(self) -> int:
+        """Prompt and output tokens of the longest request (with a length distribution: its longest input plus its
+        longest output, an upper bound)."""
+        if self.lengths is not None:
+            return self.lengths.longest("input") + self.lengths.longest("output")
+        return self.input_tokens + self.output_tokens
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -182,8 +190,7 @@ class Searcher:
         engines = layout.dp * layout.pp
         ttft, tpot, tpot_stats = _ms(state.ttft_s), state.tpot_s * 1e3, _ms(state.tpot_q_s)
         why = self.limits.why_not(ttft, tpot, tpot_stats)
-        longest = self.w.lengths.longest("input") + self.w.lengths.longest("output") if self.w.lengths else \
-            self.w.input_tokens + self.w.output_tokens
+        longest = self.w.longest_request
         if mem.kv_tokens < longest:
             why = [f"memory: {mem.kv_tokens} KV tokens per replica cannot hold one request "
                    f"({mem.weights / 1e9:.1f} GB of weights per GPU)"]

@@ -78,14 +78,21 @@ def _eager_attention(module, query, key, value, attention_mask=None, *args, **kw
     return tracecost_attention(module, query, key, value, attention_mask, **kwargs)
 
 
-_MODULE_FILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_MODULE_CLASSES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def module_classes(model: torch.nn.Module) -> frozenset:
+    """The classes of every module of a built model: its module tree walked once per model (a trace asks several
+    times, and the tree of a built model does not change)."""
+    classes = _MODULE_CLASSES.get(model)
+    if classes is None:
+        classes = _MODULE_CLASSES[model] = frozenset(type(m) for m in model.modules())
+    return classes
 
 
 def _modeling_modules(model: torch.nn.Module) -> list:
-    """The transformers modeling files the model's classes come from (its module tree walked once per model)."""
-    names = _MODULE_FILES.get(model)
-    if names is None:
-        names = _MODULE_FILES[model] = sorted({type(m).__module__ for m in model.modules()})
+    """The transformers modeling files the model's classes come from."""
+    names = sorted({cls.__module__ for cls in module_classes(model)})
     return [sys.modules[n] for n in names if n in sys.modules and n.startswith("transformers.models.")]
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import time
 import warnings
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -253,15 +252,10 @@ _WHOLE_SEQUENCE_INPUT = ("XLMModel", "CpmAntModel")
 _SOFT_PROMPT = {"CpmAntModel": "prompt_length"}
 
 
-_CLASS_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def module_class_names(model) -> frozenset:
-    """The class names of every module of a built model, walked once per model (a trace asks several times)."""
-    names = _CLASS_NAMES.get(model)
-    if names is None:
-        names = _CLASS_NAMES[model] = frozenset(type(m).__name__ for m in model.modules())
-    return names
+    """The class names of every module of a built model (patches.module_classes: walked once per model)."""
+    from .patches import module_classes
+    return frozenset(cls.__name__ for cls in module_classes(model))
 
 
 def _soft_prompt(built: BuiltModel) -> int:

@@ -256,9 +256,8 @@ def optimize(args, on_progress=None) -> dict:
              f"{spec.name} on {num_devices} x {hw.name}, input {shapes.input_length}, output {shapes.output_length}",
              price.usd_per_gpu_hour if price else None)
     if args.emit and feasible:
-        longest = (max(i + o for i, o in lengths.pairs) if lengths else input_length + output_length)
-        result["launch_command"] = launch_command(serving_layout(args, feasible[0], experts, hw, spec, longest),
-                                                  args.emit)
+        result["launch_command"] = launch_command(
+            serving_layout(args, feasible[0], experts, hw, spec, workload.longest_request), args.emit)
     if not feasible:
         reasons = sorted({w.split(" ")[0] for c in candidates for w in c.why_not})
         result["why_no_feasible_layout"] = (f"every layout fails on: {', '.join(reasons)}" if reasons
@@ -354,8 +353,8 @@ def vllm_max_model_len(engine: str, c: Candidate, config: dict, longest: int) ->
     (vLLM would refuse to start): the longest request asked for, rounded up to 1024 tokens, within the cache."""
     if engine != "vllm" or c.memory is None:
         return None
-    model_max = int(config.get("max_position_embeddings") or (config.get("text_config") or {}).get(
-        "max_position_embeddings") or 0)
+    # vLLM's default max_model_len is the config's context, rope scaling considered (its derived max length)
+    model_max = ModelFacts.from_config(config).max_context
     kv = c.memory.kv_tokens
     if not model_max or kv >= model_max:
         return None
