@@ -14,6 +14,9 @@ prefill attention. Profile section:
     "power_limit": {"board_w": 400, "reference_board_w": 700, "matrix_clock": 0.8, "origin": "fitted by ..."}
 
 A device whose engine kernels are fitted on its own tables has no such section: its tables ran at its own limit.
+
+A cap set on a part below the board power it is priced at (`nvidia-smi -pl`; MLPerf's MaxQ systems state
+`power_limit=500`) is `DEVICE@WATTSW` (`h200@500W`), priced by `capped_matrix_clock`.
 """
 from __future__ import annotations
 
@@ -31,4 +34,23 @@ class PowerLimit(ParamSet):
                                                 "clock, about 0.6-0.7 of its datasheet clock)")
 
 
-__all__ = ["PowerLimit"]
+# The cap law: matrix work is power-bound at the clocks a cap leaves (a dense GEMM draws the full board power), so
+# its clock falls in proportion to the power. H100 NVL's fit on its own MLPerf rows is the check: 0.576 +- 0.076
+# at 400 W against H100 SXM's 700 W, where the law gives 400/700 = 0.571.
+POWER_CAP_LAW = ("dense matrix clock in proportion to the board power (checked by H100 NVL's fit: 0.576 +- 0.076 "
+                 "at 400/700 W, the law's 0.571)")
+LOWEST_CAP_SHARE = 0.5      # below half the rated power the law is unchecked (and below every Hopper base clock)
+
+
+def capped_matrix_clock(matrix_clock: float, board_w: float, watts: float, part: str) -> float:
+    """The dense matrix clock (as `PowerLimit.matrix_clock`) of a part priced at `matrix_clock` and `board_w`
+    watts once its board power is capped at `watts`."""
+    if not board_w:
+        raise ValueError(f"{part} states no board power (its profile's board_w), so a power cap cannot be priced")
+    if not LOWEST_CAP_SHARE * board_w <= watts <= board_w:
+        raise ValueError(f"a {watts:g} W cap on {part}: give {LOWEST_CAP_SHARE * board_w:g}-{board_w:g} W (its "
+                         f"board power is {board_w:g} W; below half of it the cap law is unchecked)")
+    return matrix_clock * watts / board_w
+
+
+__all__ = ["LOWEST_CAP_SHARE", "POWER_CAP_LAW", "PowerLimit", "capped_matrix_clock"]

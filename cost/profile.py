@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 from .engine_kernels import CollectiveCurve, EngineCalibration, parse_calibration
 from .engine_kernels.device_fit import parse_serving_fit, scale_calibration
 from .engines import DEFAULT_ENGINE, ENGINES, engine_refusal
+from .power import POWER_CAP_LAW, capped_matrix_clock
 from .profile_schema import ProfileFile, ProfileSchemaError, validate_efficiency, validate_profile
 
 
@@ -211,6 +213,19 @@ def with_topology(profile: HardwareProfile, name: str) -> HardwareProfile:
                    else profile.domain_gpus)
 
 
+def with_power_cap(profile: HardwareProfile, watts: float) -> HardwareProfile:
+    """The profile with its board power capped at `watts` (`nvidia-smi -pl`, MLPerf's MaxQ systems): dense matrix
+    work slows as cost/power.py `capped_matrix_clock` says; memory-bound kernels keep their clock."""
+    try:
+        clock = capped_matrix_clock(profile.matrix_clock, profile.board_w, watts, profile.name)
+    except ValueError as e:
+        raise ProfileError(str(e)) from None
+    origin = (f"capped at {watts:g} W of its {profile.board_w:g} W: {POWER_CAP_LAW}"
+              + (f"; uncapped: {profile.power_origin}" if profile.power_origin else ""))
+    return replace(profile, key=f"{profile.key}@{watts:g}W", path=f"{profile.path}@{watts:g}W",
+                   name=f"{profile.name} at {watts:g} W", matrix_clock=clock, board_w=watts, power_origin=origin)
+
+
 def profiles_dir() -> Path:
     return Path(str(resources.files("hw_profiles")))
 
@@ -306,7 +321,7 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         **({"gpu_hour_usd": f.price.gpu_hour_usd, "price_origin": f"{f.price.source}, {f.price.date}"}
            if f.price else {}),
         **({"matrix_clock": f.power_limit.matrix_clock, "board_w": f.power_limit.board_w,
-            "power_origin": f.power_limit.origin} if f.power_limit else {}))
+            "power_origin": f.power_limit.origin} if f.power_limit else {"board_w": f.board_w or 0.0}))
 
 
 def _scale_out(f: ProfileFile) -> dict:
@@ -335,6 +350,7 @@ def profile_names() -> list[str]:
 
 
 _CACHE: dict[str, HardwareProfile] = {}
+_POWER_CAP = re.compile(r"(?P<base>.+)@(?P<watts>\d+(?:\.\d+)?)[wW]")      # "h200@500W": a board power cap
 _ENGINE_CACHE: dict[str, dict[str, EngineCalibration]] = {}
 
 
@@ -342,6 +358,10 @@ def load_profile(device: str, seen: tuple = ()) -> HardwareProfile:
     """A bundled profile by name or alias (case-insensitive), or a path to a profile JSON; "NAME:TOPOLOGY"
     takes one of its named topologies."""
     if device in _CACHE:
+        return _CACHE[device]
+    capped = _POWER_CAP.fullmatch(device)
+    if capped and not Path(device).is_file():
+        _CACHE[device] = with_power_cap(load_profile(capped["base"], seen), float(capped["watts"]))
         return _CACHE[device]
     base, _, topology = device.rpartition(":") if ":" in device and not Path(device).is_file() else (device, "", "")
     if topology:

@@ -160,6 +160,7 @@ class ProfileFile(_Section):
     price: Price | None = None               # rent per GPU-hour, with its source and date
     host_link: HostLink
     power_limit: PowerLimitSchema | None = None     # a power-capped part running a less capped part's kernel fits
+    board_w: _finite(high=1e4, gt=0.0) | None = None    # the board power the part is rated and priced at, W
     kernel_launch_us: PositiveMicroseconds
     efficiency: dict[StrictStr, Any] | None = None     # Inherited or EfficiencySchema: checked in validate_profile
     engines: dict[StrictStr, Any] = {}                  # shape checked in validate_profile
@@ -233,6 +234,9 @@ def validate_profile(data, where: str) -> ProfileFile:
         raise ProfileSchemaError(f"{where}: field 'power_limit': the engine kernels are fitted on this device's own "
                                  f"tables, which ran at its power limit; a power_limit applies only to kernel models "
                                  f"carried over (\"engines\": {{\"from\": ...}})")
+    if profile.board_w is not None and profile.power_limit is not None:
+        raise ProfileSchemaError(f"{where}: field 'board_w': the power_limit section states this part's board limit "
+                                 f"(power_limit.board_w); give it once")
     return profile
 
 

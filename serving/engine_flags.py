@@ -22,6 +22,7 @@ class StatedSettings:
     scheduler_steps: int = 1                 # vLLM's multi-step scheduling: one schedule per this many decodes
     api_server: bool = False                 # requests come through the engine's HTTP server (not its Python API)
     api_servers: int = 1                     # processes taking requests in (vLLM's --api-server-count)
+    power_limit_w: float | None = None       # a board power cap set on every GPU (nvidia-smi -pl), W
 
 
 # flag (as any engine spells it) -> (setting, parser of its value); a switch (no value, or true/false) parses
@@ -49,6 +50,7 @@ FLAGS: dict[str, tuple[str, object]] = {
     "--no-enable-chunked-prefill": ("chunked_prefill", NEGATED),
     "--num-scheduler-steps": ("scheduler_steps", _INT),
     "--api-server-count": ("api_servers", _INT),                # vLLM
+    "power_limit": ("power_limit_w", _FLOAT),                   # MLPerf harness (MaxQ systems)
 }
 # launch lines that start an engine's OpenAI-compatible HTTP server: its requests pass the server's frontend
 SERVER_LAUNCHES = (re.compile(r"\bvllm\s+serve\b"), re.compile(r"vllm\.entrypoints\.openai"),

@@ -244,6 +244,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     if why:
         return None, why
     flags = stated_settings(r.get("engine_flags"))
+    if flags.power_limit_w:
+        device = f"{device}@{flags.power_limit_w:g}W"
     tp = int(r.get("tp") or 1)
     replicas = int(r.get("dp") or 1)
     ep = int(r.get("ep") or (tp if flags.expert_parallel else 1))
@@ -412,6 +414,10 @@ def rate_within_limits(predictor: Predictor, run: PublishedRun, limits: dict | N
         return state.stable and state.ttft_s["p99"] * 1e3 <= limits["ttft_ms"] and \
             tpot_p99 * 1e3 <= limits["tpot_ms"]
 
+    try:        # a setup refused at any load (a KV cache that holds no request) has no rate, not a rate of 0
+        predictor.predict(replace(run, load=replace(run.load, requests=0)))
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(str(e)) from None
     lo, hi = 0.0, max(1.0, run.load.value * run.replicas)
     while within(hi) and hi < 1e6:
         lo, hi = hi, hi * 2

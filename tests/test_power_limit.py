@@ -157,3 +157,67 @@ def test_fit_power_needs_a_power_limit_section(capsys):
     data = str(ROOT / "tests" / "data" / "serving_inputs" / "mi300x_vllm066_rows.jsonl")
     assert from_serving([data, "--device", "mi300x", "--engine", "vllm", "--fit-power", "--overheads", "none"]) == 2
     assert "--fit-power: mi300x has no power_limit section" in capsys.readouterr().err
+
+
+def test_power_cap_scales_the_matrix_clock_in_proportion():
+    """`DEVICE@WATTSW`: a cap below the rated board power (nvidia-smi -pl, MLPerf's MaxQ) slows dense matrix work by
+    the power ratio, on the profile's own clock, and says so."""
+    rated, capped = load_profile("h200"), load_profile("h200@500W")
+    assert rated.matrix_clock == 1.0 and rated.board_w == 700
+    assert capped.matrix_clock == pytest.approx(500 / 700) and capped.board_w == 500 and capped.key == "h200@500W"
+    assert "capped at 500 W of its 700 W" in capped.power_note
+    nvl = load_profile("h100nvl@350W")         # a fitted limit capped further
+    assert nvl.matrix_clock == pytest.approx(load_profile("h100nvl").matrix_clock * 350 / 400)
+    both = load_profile("h100:hgx4@600W")      # a topology and a cap
+    assert both.topology == "hgx4" and both.matrix_clock == pytest.approx(600 / 700)
+    big = _gemm_ms(capped, 32768, 32768, 16384) / _gemm_ms(rated, 32768, 32768, 16384)
+    assert big == pytest.approx(700 / 500, rel=0.03)
+    assert _gemm_ms(capped, 1, 8192, 8192) / _gemm_ms(rated, 1, 8192, 8192) < 1.05
+
+
+@pytest.mark.parametrize("device, error", [
+    ("h200@200W", "a 200 W cap on NVIDIA H200 SXM: give 350-700 W"),
+    ("h200@900W", "a 900 W cap on NVIDIA H200 SXM: give 350-700 W"),
+    ("rtx4090@300W", "states no board power"),
+])
+def test_power_cap_outside_the_law_is_refused(device, error):
+    with pytest.raises(ProfileError, match=error):
+        load_profile(device)
+
+
+def test_mlperf_maxq_rows_carry_their_stated_power_limit():
+    row = {"id": "t-Offline", "source": "closed/NVIDIA/results/H200-SXM-141GBx8_TRT_MaxQ/llama2-70b-99/x",
+           "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM", "model": "meta-llama/Llama-2-70b-chat-hf",
+           "precision": "fp8", "kv_cache_dtype": "fp8", "gpu": "H200-SXM-141GB", "num_gpus": 8, "tp": 1, "dp": 8,
+           "isl": 222.3, "osl": 291.0, "mode": "offline_max_throughput", "num_requests": 400, "output_tok_s": 25000.0,
+           "engine_flags": "gpu_batch_size={'llama2-70b': 806}; max_num_tokens=4096; power_limit=500; use_fp8=True"}
+    run, why = map_row(row)
+    assert why is None and run.device == "h200@500W" and run.max_num_seqs == 806
+
+
+def test_hgx_4gpu_boards_pair_over_six_links():
+    """A 4-GPU HGX H100 board joins each pair with 6 of 18 NVLinks: a TP2 all-reduce of a large message takes ~3x
+    the NVSwitch board's; 4 GPUs use every link and keep the measured curves."""
+    switch, mesh = load_profile("h100"), load_profile("h100:hgx4")
+    assert mesh.scale_up_gpus == 4 and mesh.interconnect_bandwidth_gbps == 150
+    message = 1400 * 8192 * 2
+    ratio = engine_allreduce_seconds(message, 2, mesh, "trtllm") / engine_allreduce_seconds(message, 2, switch, "trtllm")
+    assert 2.0 < ratio < 3.0            # the bandwidth term x3, the fitted latency and ramp kept
+    assert engine_allreduce_seconds(message, 4, mesh, "trtllm") == engine_allreduce_seconds(message, 4, switch, "trtllm")
+    source = "closed/Dell/results/XE8640_H100_SXM_80GBx4_TRT/llama2-70b-99/Offline/performance/run_1/x"
+    assert system_device("h100", source) == "h100:hgx4"
+    assert system_device("h100", "closed/Dell/results/XE9680_H100_SXM_80GBx8_TRT/llama2-70b-99/x") == "h100"
+
+
+def test_rate_within_limits_of_a_refused_setup_is_refused():
+    """A 70B model in fp16 on one 80 GB GPU holds no KV cache: no rate meets the limits, and that is a refusal, not
+    a rate of 0."""
+    from serving.published import Predictor, rate_within_limits
+    row = {"id": "t-Server", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM",
+           "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp16", "gpu": "H100-SXM-80GB", "num_gpus": 1,
+           "tp": 1, "isl": 222.3, "osl": 291.0, "mode": "online_request_rate", "request_rate": 5.0,
+           "output_tok_s": 1000.0, "ttft_ms": {"mean": 300.0}}
+    run, why = map_row(row)
+    assert why is None and run.latency_limits
+    with pytest.raises(ValueError, match="the KV cache holds 0 tokens"):
+        rate_within_limits(Predictor(), run)
