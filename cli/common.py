@@ -179,7 +179,9 @@ class EngineAction(argparse.Action):
 
 
 def add_device_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", required=True, help="hardware profile name/alias (python -m hw_profiles) or .json path")
+    p.add_argument("--device", required=True,
+                   help="hardware profile name/alias (python -m hw_profiles) or .json path; NAME:TOPOLOGY for another "
+                        "way of joining its GPUs (h100:hgx4), NAME@WATTSW for a board power cap (h200@500W)")
     p.add_argument("--execution", default="engine", choices=EXECUTIONS,
                    help="engine: a serving engine's kernels (default); eager: HF transformers, unfused")
     p.add_argument("--engine", default=DEFAULT_ENGINE, action=EngineAction, metavar="{" + ",".join(ENGINES) + "}[==R]",
@@ -190,6 +192,14 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep-style", default=EP_ALL_TOKENS, choices=EP_STYLES,
                    help="expert parallelism: all-tokens (vLLM's default: every rank routes every token, partial "
                         "outputs all-reduced) or dispatch (DeepEP-style all-to-all to the experts' ranks)")
+
+
+def add_streaming_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="clients stream their tokens, as chat clients, `vllm bench serve` and MLPerf Server do "
+                        "(default); --no-stream: each request's tokens come back with its completion. Streaming "
+                        "costs an engine a response per running request per step (TensorRT-LLM's fitted "
+                        "stream_us; vLLM's and SGLang's per-request terms were fitted on streaming runs)")
 
 
 def add_speculation_arguments(p: argparse.ArgumentParser, several_k: bool = False) -> None:

@@ -120,6 +120,10 @@ class ServingOverheads(ParamSet):
     # Python process: a burst enters the engine at this pace, and no stream of more than 1000 / frontend_ms
     # requests/s per server process is served. Only requests that come through the server pay it.
     frontend_ms: float = param(0.0, 0.0, 50.0, "serial per-request work of the HTTP server's process, ms")
+    # A client that streams (MLPerf Server/Interactive's token latencies, an HTTP client's stream=true) gets a
+    # response for every running request after every step: the engine builds it and hands it to its caller
+    # inside the step loop. Steps of the same batch cost more in MLPerf Server than in Offline; this is that.
+    stream_us: float = param(0.0, 0.0, 200.0, "per running request per step when its tokens are streamed, us")
     # not fitted (serving/calibrate_overheads.py FITTED_TERMS): it is how the engine divides memory, which end-to-end
     # times hardly constrain; set per engine from its memory accounting (cost/engine_serving.json, reserve_source)
     reserve_gb: float = param(2.0, 0.0, 40.0, "memory inside the engine's budget besides weights, activations and KV, GB")

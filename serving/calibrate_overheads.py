@@ -1,5 +1,6 @@
 """Fit an engine's overheads beyond its kernels (cost/engines.py ServingOverheads: per-step host time, per
-request and step, rank sync, per-request API time; the memory reserve is the engine's accounting, kept as set)
+request and step, rank sync, per-request API time; the memory reserve is the engine's accounting and the
+streaming cost has its own fit, serving/calibrate_stream.py: both kept as set)
 on published end-to-end runs, release by release.
 
     python -m serving.calibrate_overheads --engine trtllm [--data FILE ...] [--fit-fraction 0.5] [--seed 0]
@@ -39,8 +40,9 @@ DEV_SET = Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e
 RELEASE_TERMS = ("step_us", "seq_us", "gpu_sync_us", "request_ms", "frontend_ms")
 # what the fit searches: every overhead but the memory reserve, which is the engine's memory accounting (set per
 # engine in cost/engine_serving.json with its source); times barely constrain it, and a fit that could raise it
-# would shrink the KV cache to stand in for slow steps
-FITTED_TERMS = tuple(f.name for f in fields(ServingOverheads) if f.name != "reserve_gb")
+# would shrink the KV cache to stand in for slow steps. The streaming cost has its own fit on the runs' operating
+# points at their latency limits (serving/calibrate_stream.py), kept as set here
+FITTED_TERMS = tuple(f.name for f in fields(ServingOverheads) if f.name not in ("reserve_gb", "stream_us"))
 # a row off by more than 2x (|log error| 0.69) counts as 2x: a few runs no overhead explains (a setup the model
 # misses) must not steer the engine's overheads for every other run
 LOSS_CAP = math.log(2.0)
@@ -182,8 +184,9 @@ def main(argv=None) -> int:
                        f"{ENGINES[args.engine].label} rows of {names} (seed {args.seed}, fit fraction {args.fit_fraction:g}, "
                        f"demand {args.demand:g})", **result}
     current = _bundled(args.engine)
-    if "reserve_source" in current:      # the reserve is kept as set, with where it comes from
-        entry["reserve_source"] = current["reserve_source"]
+    for kept in ("reserve_source", "stream_origin"):    # terms kept as set, with where they come from
+        if kept in current:
+            entry[kept] = current[kept]
     for rel, r in result["releases"].items():
         print(f"{ENGINES[args.engine].label} {rel}: held-out mean |log error| {r['held_out_loss']:.3f} over "
               f"{r['held_out_rows']} rows; own terms: {', '.join(r['params']) or 'none'}")

@@ -97,6 +97,7 @@ class PublishedRun:
     api_servers: int = 0         # HTTP server processes the requests came through (0: the engine's Python API)
     speculation: Speculation | None = None   # the chain draft the run used
     prefix_hit_rate: float = 0.0  # the share of each prompt the run states was served from the prefix cache
+    streams: bool = False        # its client took each token as it came (MLPerf Server/Interactive, a served benchmark)
 
 
 def _engine(text: str) -> str | None:
@@ -260,7 +261,11 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {},
         next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
         flags.api_servers if flags.api_server else 0,
-        _speculation(r["spec_decode"])[0] if r.get("spec_decode") else None, _prefix_hit_rate(r))
+        _speculation(r["spec_decode"])[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
+        # LoadGen's Server and Interactive scenarios time every token as it comes back; a served benchmark's
+        # client (vllm bench serve, SGLang's bench_serving) streams by default; Offline runs and the engines'
+        # own throughput tools (trtllm-bench, benchmark_throughput.py) take whole completions
+        streams=scenario in ("Server", "Interactive") and r["source_kind"].startswith("mlperf") or flags.api_server)
     return run, None
 
 
@@ -300,13 +305,13 @@ class Predictor:
 
     def cost(self, run: PublishedRun) -> StepCost:
         key = (run.model, run.device, run.engine, run.release, run.dtype, run.kv_dtype, run.tp, run.ep,
-               run.speculation)
+               run.speculation, run.streams)
         if key not in self._costs:
             spec, hw = resolve_model(run.model), load_profile(run.device)
             options = TraceOptions(dtype=run.dtype, kv_cache_dtype=run.kv_dtype)
             self._costs[key] = speculative_step(
                 StepCost(spec, hw, options, "engine", Parallelism(run.tp, ep=run.ep), run.engine,
-                         release=_known_release(run.engine, run.release)), run.speculation)
+                         release=_known_release(run.engine, run.release), streams=run.streams), run.speculation)
         return self._costs[key]
 
     def limits(self, run: PublishedRun, cost: StepCost) -> Limits:

@@ -63,6 +63,7 @@ class EngineSettings:
     overheads: ServingOverheads | None = None
     release: str | None = None               # the engine release whose overheads price a step (None: newest)
     speculation: Speculation | None = None   # speculative decoding (serving/speculative.py), None: none
+    streams: bool = True                     # clients stream their tokens (cost/engines.py ServingOverheads.stream_us)
 
 
 @dataclass
@@ -153,7 +154,8 @@ class Searcher:
         if par not in self._costs:
             self._costs[par] = speculative_step(
                 StepCost(self.spec, self.hw, self.options, self.settings.execution, par, self.settings.engine,
-                         self.settings.overheads, self.settings.release), self.settings.speculation)
+                         self.settings.overheads, self.settings.release, self.settings.streams),
+                self.settings.speculation)
         return self._costs[par]
 
     def engine_limits(self, layout: Layout) -> tuple[Limits, ReplicaMemory]:

@@ -51,14 +51,18 @@ class StepCost:
 
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str,
                  par: Parallelism | int, engine: str = "vllm", overheads: ServingOverheads | None = None,
-                 release: str | None = None):
+                 release: str | None = None, streams: bool = False):
         self.par = par if isinstance(par, Parallelism) else Parallelism(par)
+        self.streams = streams       # every step returns each running request's tokens to its client
         self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, self.par.tp
         self.engine = engine
         self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         if execution == ENGINE:
             fitted, self.overhead_origin = step_overheads(hw, engine, release)
             self.overheads = overheads or fitted
+            if self.overheads.stream_us > 0:
+                self.overhead_origin += (f"; tokens streamed: {self.overheads.stream_us:g} us per running request per "
+                                         f"step" if streams else "; tokens returned with each completion (no stream)")
         else:   # HF eager pays its host time inside each step already
             self.overheads, self.overhead_origin = ServingOverheads(0, 0, 0, 0, 0), "none (eager execution)"
         # where every number of this cost comes from (said first by each command when carried over)
@@ -328,7 +332,8 @@ class StepCost:
             return 0.0
         o = self.overheads
         gpus = self.par.tp * self.par.pp * self.par.attention_dp
-        extra = (o.step_us + o.seq_us * sequences + o.gpu_sync_us * (gpus - 1)) * 1e-6
+        per_seq_us = o.seq_us + (o.stream_us if self.streams else 0.0)
+        extra = (o.step_us + per_seq_us * sequences + o.gpu_sync_us * (gpus - 1)) * 1e-6
         extra += _lerp(self._sampling, sequences)
         if decode_only and sequences > self.defaults.graph_max_batch:
             launches = self._launches.get(_pow2_at_least(max(1, tokens)))

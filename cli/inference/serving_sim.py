@@ -39,7 +39,7 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from ..common import (MAX_BATCH_TOKENS, MAX_REQUESTS, MAX_RUNNING, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser,
-                      add_speculation_arguments, speculations,
+                      add_speculation_arguments, add_streaming_argument, speculations,
                       Layout, add_device_arguments, add_model_arguments, check_layout_or_fail, check_plot_path,
                       dumps_strict, finite_float, load_device, model_spec, origin_notes, positive_int,
                       quiet_broken_pipe, run_main, trace_options, warn)
@@ -207,7 +207,7 @@ def run(args) -> dict:
     if drafts and args.disagg:
         raise InputError("--speculative is not simulated with --disagg")
     cost = speculative_step(StepCost(spec, hw, options, args.execution, args.tp_size, args.engine,
-                                     release=args.engine_release), drafts[0] if drafts else None)
+                                     release=args.engine_release, streams=args.stream), drafts[0] if drafts else None)
     if drafts:   # the draft's weights and KV take their share of the cache
         plain, ours = cost.target.replica_memory(config.max_prefill_tokens), cost.replica_memory(config.max_prefill_tokens)
         config = replace(config, gpu_blocks=max(1, int(config.gpu_blocks * ours.kv_tokens / max(1, plain.kv_tokens))))
@@ -421,6 +421,7 @@ def main(argv=None) -> int:
     p.add_argument("model", help="bundled model name, folder or config.json path, or HF id in the local cache")
     add_device_arguments(p)
     add_speculation_arguments(p)
+    add_streaming_argument(p)
     p.add_argument("--no-api-server", dest="api_server", action="store_false", default=True,
                    help="requests reach the engine directly (an offline LLM(...) run), not through its HTTP "
                         "server's one-at-a-time intake (the engine's fitted frontend_ms; docs/engines.md)")

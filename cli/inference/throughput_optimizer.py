@@ -35,7 +35,8 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, MAX_TOKENS, ArgumentParser,
-                      add_device_arguments, add_model_arguments, add_speculation_arguments, check_plot_path,
+                      add_device_arguments, add_model_arguments, add_speculation_arguments, add_streaming_argument,
+                      check_plot_path,
                       dumps_strict, hit_rate, limit_ms, load_device, model_spec, origin_notes, positive_int,
                       quiet_broken_pipe, run_main, speculations, trace_options, warn)
 from ..progress import Progress
@@ -148,7 +149,7 @@ def optimize(args, on_progress=None) -> dict:
         raise InputError("--objective goodput counts requests within the limits: give --ttft-limit and/or "
                          "--tpot-limit")
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
-                              release=args.engine_release)
+                              release=args.engine_release, streams=args.stream)
     searcher = Searcher(spec, hw, options, workload, settings, limits)
     drafts = speculations(args)
     if drafts and args.mode == DISAGG:
@@ -524,6 +525,7 @@ def main(argv=None) -> int:
     p.add_argument("--emit", default=None, choices=list(LAUNCHERS),
                    help="print the best layout as this engine's launch command")
     add_speculation_arguments(p, several_k=True)
+    add_streaming_argument(p)
     p.add_argument("--top", type=typed(_top), default=10, help=f"candidates to show (default 10, at most {MAX_TOP})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_model_arguments(p)
