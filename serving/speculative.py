@@ -372,6 +372,13 @@ class SpeculativeStep:
                        kv_bytes_per_token=per_token)
 
 
+def speedup_at_batch(step: SpeculativeStep, batch: int, context: float) -> float:
+    """Output tokens/s of a decode batch of `batch` requests over `context` tokens each, speculating, relative to
+    the same batch without: tokens per step over the speculative step's time, against one token per plain step."""
+    plain = step.target.steady(batch, 0, 1, 0, context)
+    return step.tokens_per_step * plain / step.steady(batch, 0, 1, 0, context)
+
+
 def speculative_step(target: StepCost, speculation: Speculation | None,
                      trust_remote_code: bool = False) -> StepCost | SpeculativeStep:
     """The target's step cost, speculating when `speculation` is given."""
@@ -384,4 +391,4 @@ def speculative_step(target: StepCost, speculation: Speculation | None,
 
 
 __all__ = ["METHODS", "DraftForward", "SpeculativeStep", "Speculation", "draft_spec", "mtp_layers", "parse_speculation",
-           "sibling_miss", "speculative_step", "tree_acceptance"]
+           "sibling_miss", "speculative_step", "speedup_at_batch", "tree_acceptance"]
