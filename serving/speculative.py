@@ -372,11 +372,51 @@ class SpeculativeStep:
                        kv_bytes_per_token=per_token)
 
 
+@dataclass(frozen=True)
+class StepTimes:
+    """One speculative decode step of `batch` requests over `context` tokens each, beside the plain one."""
+    batch: int
+    context: int
+    draft_s: float           # the draft's forwards (draft_forwards)
+    verify_s: float          # the target's forward over the verified rows, its sampling and the step's host work
+    plain_s: float           # the same batch's decode step without speculation
+    tokens_per_step: float
+    verify_tokens: int       # query rows per request of the verification
+
+    @property
+    def step_s(self) -> float:
+        return self.draft_s + self.verify_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Time per output token: the step spread over the tokens it gains a request."""
+        return self.step_s / self.tokens_per_step
+
+    @property
+    def speedup(self) -> float:
+        """Output tokens/s speculating over not, at this batch."""
+        return self.plain_s / self.tpot_s
+
+    def as_json(self) -> dict:
+        return {"batch": self.batch, "context": self.context, "draft_ms": self.draft_s * 1e3,
+                "verify_ms": self.verify_s * 1e3, "step_ms": self.step_s * 1e3,
+                "tokens_per_step": self.tokens_per_step, "verify_tokens_per_request": self.verify_tokens,
+                "effective_tpot_ms": self.tpot_s * 1e3, "plain_step_ms": self.plain_s * 1e3,
+                "speedup": self.speedup}
+
+
+def step_times(step: SpeculativeStep, batch: int, context: int) -> StepTimes:
+    """A decode-only speculative step priced as the serving steps are (StepCost.steady: overheads included)."""
+    total = step.steady(batch, 0, 1, 0, context)
+    draft = step.draft_seconds(batch, context)
+    return StepTimes(batch, context, draft, total - draft, step.target.steady(batch, 0, 1, 0, context),
+                     step.tokens_per_step, step.speculation.verify_tokens)
+
+
 def speedup_at_batch(step: SpeculativeStep, batch: int, context: float) -> float:
     """Output tokens/s of a decode batch of `batch` requests over `context` tokens each, speculating, relative to
     the same batch without: tokens per step over the speculative step's time, against one token per plain step."""
-    plain = step.target.steady(batch, 0, 1, 0, context)
-    return step.tokens_per_step * plain / step.steady(batch, 0, 1, 0, context)
+    return step_times(step, batch, round(context)).speedup
 
 
 def speculative_step(target: StepCost, speculation: Speculation | None,
@@ -391,4 +431,5 @@ def speculative_step(target: StepCost, speculation: Speculation | None,
 
 
 __all__ = ["METHODS", "DraftForward", "SpeculativeStep", "Speculation", "draft_spec", "mtp_layers", "parse_speculation",
-           "sibling_miss", "speculative_step", "speedup_at_batch", "tree_acceptance"]
+           "StepTimes", "sibling_miss", "speculative_step", "speedup_at_batch", "step_times",
+           "tree_acceptance"]
