@@ -109,6 +109,9 @@ class Engine:
             else:
                 if decoding:
                     gained = min(spec.accepted(self.rng), s.end - t) if spec is not None else 1
+                    if spec is not None:
+                        self.res.speculative_steps += 1
+                        self.res.speculative_tokens += gained
                     decodes += 1
                     decode_ctx += c
                     s.num_computed, s.num_tokens = c + gained, t + gained
