@@ -120,7 +120,7 @@ def parse_speculation(method: str, k: int = 1, acceptance_rate: float | None = N
         raise ValueError(f"--num-speculative-tokens must be an integer in 1..{MAX_K}, got {k}")
     n = _tree_shape(name, k, topk, draft_tokens)
     shape = dict(draft_model=draft or None, topk=topk, draft_tokens=n if topk > 1 else 0)
-    depth = Speculation(name, k, (0.5,), "", **shape).depth
+    depth = min(k, n - 1)         # Speculation.depth
     if acceptance_rate is not None and acceptance_length is not None:
         raise ValueError("give --acceptance-rate or --acceptance-length, not both")
     if acceptance_rate is not None:
@@ -130,8 +130,8 @@ def parse_speculation(method: str, k: int = 1, acceptance_rate: float | None = N
     if acceptance_length is not None:
         if not 1.0 < acceptance_length < depth + 1:
             raise ValueError(f"--acceptance-length must be in (1, {depth + 1}) for "
-                             f"{'a tree' if topk > 1 else 'k'} {'of depth ' if topk > 1 else '= '}{depth} (mean "
-                             f"tokens per step, the target's own included), got {acceptance_length}")
+                             f"{'a tree of depth' if topk > 1 else 'k ='} {depth} (mean tokens per step, the "
+                             f"target's own included), got {acceptance_length}")
         rate = _rate_for_length(acceptance_length, depth)
         return Speculation(name, k, (rate,), f"acceptance length {acceptance_length:g} as given", **shape)
     entry = _defaults().get(name)

@@ -13,6 +13,7 @@ from serving.step_cost import StepCost
 from tracer.model_source import ModelSpec
 from tracer.table import format_table
 
+from ..common import origin_notes
 from .config import InputError
 
 
@@ -25,11 +26,12 @@ class SpeculativeDecode:
     speculation: Speculation
     times: StepTimes
     notes: tuple[str, ...]
+    origin: dict                 # where the kernel and overhead numbers come from (cost/provenance.py)
 
     def as_json(self) -> dict:
         return {"model": self.model, "device": self.device, "phase": "speculative_decode", "engine": self.engine,
                 "tp_size": self.tp, "speculation": self.speculation.label, "speculative_step": self.times.as_json(),
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "origin": self.origin}
 
 
 def predict(spec: ModelSpec, device: str, batch: int, context: int, tp: int, ep: int, execution: str, options,
@@ -40,10 +42,9 @@ def predict(spec: ModelSpec, device: str, batch: int, context: int, tp: int, ep:
     cost = speculative_step(StepCost(spec, hw, options, execution, Parallelism(tp, ep, ep_style), engine,
                                      release=release), speculation)
     notes = ["priced as serving_sim and the optimizer price a decode step (StepCost: the engine's kernels and its "
-             f"step overheads, {cost.overhead_origin}); the plain step is priced the same way",
-             *cost.formats_notes()]
+             "step overheads); the plain step is priced the same way", *cost.formats_notes()]
     return SpeculativeDecode(spec.name, hw.name, tp, engine, speculation, step_times(cost, batch, context),
-                             tuple(notes))
+                             tuple(notes), cost.origin.as_json())
 
 
 def section(times: StepTimes, speculation: Speculation) -> str:
@@ -60,5 +61,7 @@ def section(times: StepTimes, speculation: Speculation) -> str:
 
 
 def render(r: SpeculativeDecode) -> str:
-    lines = [f"{r.model} on {r.device} x{r.tp} (TP={r.tp}), {r.engine} engine", "", section(r.times, r.speculation)]
-    return "\n".join(lines + [f"note: {n}" for n in r.notes])
+    first = [r.origin["headline"]] if r.origin.get("headline") else []
+    lines = first + [f"{r.model} on {r.device} x{r.tp} (TP={r.tp}), {r.engine} engine", "",
+                     section(r.times, r.speculation)]
+    return "\n".join(lines + [f"note: {n}" for n in [*r.notes, *origin_notes(r.origin)]])
