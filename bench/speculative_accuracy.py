@@ -2,11 +2,15 @@
 
     python bench/speculative_accuracy.py [--data FILE...] [--json]
 
-Rows: every development-set row with a chain draft (tree drafts are refused, with the reason) and the curated
-published runs in bench/data/speculative_published.jsonl, each with its source. Each is predicted as
+Rows: every development-set row with a draft (chains and SGLang's trees) and the curated published runs in
+bench/data/speculative_published.jsonl, each with its source. Each is predicted as
 `serving/published.py` predicts any row (its stated model, GPU, layout, formats, lengths and load), with the
 acceptance the run states, else the method's published default (serving/data/speculative.json). The same run
 without speculation is shown beside it.
+
+Then the crossover SpecDecode-Bench states (arXiv 2601.11580, Tree vs. Chain Verification; SGLang 0.5.9, EAGLE on
+Qwen3-8B, GSM8K, one H100): with the acceptance lengths it reports, the speedup of output tokens/s at a fixed decode
+batch (serving/speculative.py speedup_at_batch), next to the speedups it reports.
 """
 from __future__ import annotations
 
@@ -18,12 +22,35 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serving.published import Predictor, load_published   # noqa: E402
-from tracer.table import format_table                       # noqa: E402
+from cost.profile import load_profile                                          # noqa: E402
+from serving.published import Predictor, load_published                        # noqa: E402
+from serving.speculative import parse_speculation, speculative_step, speedup_at_batch   # noqa: E402
+from serving.step_cost import StepCost                                         # noqa: E402
+from tracer import TraceOptions, resolve_model                                 # noqa: E402
+from tracer.table import format_table                                          # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV = sorted(str(p) for p in (ROOT.parent / "shared" / "measurements" / "e2e").glob("*.jsonl"))
 CURATED = str(ROOT / "bench" / "data" / "speculative_published.jsonl")
+
+
+# SpecDecode-Bench's SGLang comparison: (label, (k, topk, N), acceptance length, {batch: stated speedup})
+CROSSOVER = [("chain k=3", (3, 1, None), 2.25, {1: "1.65x"}),
+             ("tree depth 3, branching 4, 21 drafted", (3, 4, 22), 2.92, {1: "1.85x", 64: "< 1x"})]
+CROSSOVER_BATCHES = (1, 8, 32, 64, 128)
+CROSSOVER_CONTEXT = 512     # a GSM8K request's mean context: a ~100-token question and its worked answer
+
+
+def crossover() -> list[dict]:
+    """Predicted speedups at fixed decode batches for SpecDecode-Bench's chain and tree (the stated acceptance)."""
+    cost = StepCost(resolve_model("qwen3-8b"), load_profile("h100"), TraceOptions(), "engine", 1, "sglang")
+    rows = []
+    for label, (k, topk, n), length, stated in CROSSOVER:
+        step = speculative_step(cost, parse_speculation("eagle3", k, acceptance_length=length, topk=topk,
+                                                        draft_tokens=n))
+        rows.append({"setup": label, "acceptance_length": length, "stated": stated,
+                     "predicted": {b: speedup_at_batch(step, b, CROSSOVER_CONTEXT) for b in CROSSOVER_BATCHES}})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -43,8 +70,9 @@ def main(argv=None) -> int:
                "measured": run.measured, "predicted": pred, "without_speculation": plain,
                "error": {m: pred[m] / v - 1 for m, v in run.measured.items() if m in pred and v}}
         out.append(row)
+    cross = crossover()
     if args.json:
-        print(json.dumps({"rows": out, "refused": refused}, indent=1))
+        print(json.dumps({"rows": out, "refused": refused, "crossover": cross}, indent=1))
         return 0
     table = []
     for r in out:
@@ -57,6 +85,13 @@ def main(argv=None) -> int:
                         "error", "pred w/o spec"], table))
     for i, why in refused:
         print(f"refused {i}: {why}")
+    print()
+    print(format_table(["SpecDecode-Bench setup", "accept len"] + [f"batch {b}" for b in CROSSOVER_BATCHES],
+                       [[r["setup"], f"{r['acceptance_length']:g}"]
+                        + [f"{r['predicted'][b]:.2f}x" + (f" (stated {r['stated'][b]})" if b in r["stated"] else "")
+                           for b in CROSSOVER_BATCHES] for r in cross],
+                       title=f"Qwen3-8B on one H100, SGLang: output tokens/s speculating over not, at a fixed decode "
+                             f"batch (context {CROSSOVER_CONTEXT})"))
     return 0
 
 

@@ -214,14 +214,21 @@ def add_speculation_arguments(p: argparse.ArgumentParser, several_k: bool = Fals
                         "method's published default, named in the output)")
     g.add_argument("--acceptance-length", type=float, default=None, metavar="L",
                    help="mean tokens per step, the target's own included, as engines report it")
+    g.add_argument("--speculative-eagle-topk", type=int, default=1, metavar="B",
+                   help="candidates per node of a tree draft, as SGLang's flag (default 1: a chain)")
+    g.add_argument("--speculative-num-draft-tokens", type=int, default=None, metavar="N",
+                   help="with a tree: tokens the target verifies per request, the last verified one included "
+                        "(SGLang's flag)")
 
 
 def speculations(args) -> list[Speculation]:
     """The speculative setups the arguments ask for (empty without --speculative)."""
-    given = [x for x in (args.acceptance_rate, args.acceptance_length) if x is not None]
+    given = [x for x in (args.acceptance_rate, args.acceptance_length, args.speculative_num_draft_tokens)
+             if x is not None]
     if args.speculative is None:
-        if given or args.num_speculative_tokens != "1":
-            raise InputError("--num-speculative-tokens, --acceptance-rate and --acceptance-length need --speculative")
+        if given or args.num_speculative_tokens != "1" or args.speculative_eagle_topk != 1:
+            raise InputError("--num-speculative-tokens, --acceptance-rate, --acceptance-length, "
+                             "--speculative-eagle-topk and --speculative-num-draft-tokens need --speculative")
         return []
     out = []
     for text in str(args.num_speculative_tokens).split(","):
@@ -229,7 +236,8 @@ def speculations(args) -> list[Speculation]:
             k = int(text)
         except ValueError:
             raise InputError(f"--num-speculative-tokens: '{text}' is not an integer") from None
-        out.append(parse_speculation(args.speculative, k, args.acceptance_rate, args.acceptance_length))
+        out.append(parse_speculation(args.speculative, k, args.acceptance_rate, args.acceptance_length,
+                                     args.speculative_eagle_topk, args.speculative_num_draft_tokens))
     return out
 
 

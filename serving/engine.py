@@ -51,8 +51,8 @@ class Engine:
         self.seen_blocks: set[int] = set()  # prompt blocks computed here before (for "re-needed")
         self.requests = 0
         self.prompt_tokens = self.hit_tokens = 0
-        # speculative decoding: each decode verifies k + 1 tokens and gains a drawn number of them
-        self.verify_tokens = cost.speculation.k + 1 if cost.speculation is not None else 1
+        # speculative decoding: each decode verifies k + 1 tokens (a tree's N) and gains a drawn number of them
+        self.verify_tokens = cost.speculation.verify_tokens if cost.speculation is not None else 1
         self.rng = random.Random(index)
 
     @property
@@ -109,6 +109,9 @@ class Engine:
             else:
                 if decoding:
                     gained = min(spec.accepted(self.rng), s.end - t) if spec is not None else 1
+                    if spec is not None:
+                        self.res.speculative_steps += 1
+                        self.res.speculative_tokens += gained
                     decodes += 1
                     decode_ctx += c
                     s.num_computed, s.num_tokens = c + gained, t + gained

@@ -63,6 +63,8 @@ class SimResult:
     cpu_blocks_peak: int = 0
     instance_requests: list = field(default_factory=list)
     itl: list = field(default_factory=list)   # (seconds between tokens, tokens that waited that long)
+    speculative_steps: int = 0    # decode steps of requests that verified proposals (one per request per step)
+    speculative_tokens: int = 0   # the tokens those steps gained
 
     # -- the raw totals the tests read ----------------------------------------------------------------
     @property
@@ -106,6 +108,7 @@ class SimResult:
             "ttft_ms_miss": latency_ms([r.ttft_s for r in recs if not r.hit]),
             "tpot_ms": latency_ms([r.tpot_s for r in recs if r.tpot_s is not None]),
             "itl_ms": _weighted_pcts(self.itl),
+            "tokens_per_step": self.speculative_tokens / self.speculative_steps if self.speculative_steps else None,
             "e2e_ms": latency_ms([r.e2e_s for r in recs]),
             "computed_prefill_tokens_per_s": self.computed_prefill_tokens / span,
             "prompt_tokens_per_s": prompt / span,

@@ -95,7 +95,7 @@ class PublishedRun:
     latency_limits: dict = field(default_factory=dict)   # MLPerf's p99 limits, {"ttft_ms": 2000, "tpot_ms": 200}
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
     api_servers: int = 0         # HTTP server processes the requests came through (0: the engine's Python API)
-    speculation: Speculation | None = None   # the chain draft the run used
+    speculation: Speculation | None = None   # the draft the run used (a chain or a tree)
     prefix_hit_rate: float = 0.0  # the share of each prompt the run states was served from the prefix cache
     streams: bool = False        # its client took each token as it came (MLPerf Server/Interactive, a served benchmark)
 
@@ -158,21 +158,30 @@ def _checkpoint_kv(checkpoint: str | None) -> str | None:
 SPECULATIVE_METHODS = {"mtp": "mtp", "deepseek_mtp": "mtp", "nextn": "mtp", "eagle3": "eagle3", "ngram": "ngram"}
 
 
-def _speculation(stated: dict) -> tuple[Speculation | None, str | None]:
-    """The chain draft a row's spec_decode states, or (None, why not): tree drafts (top-k > 1) are not priced."""
+# SGLang's choice of (speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens) when a run
+# states none (python/sglang/srt/server_args.py auto_choose_speculative_params, 0.5.x: (5, 4, 8) for every
+# architecture but DeepSeek's, whose value changed between releases)
+SGLANG_AUTO_TREE = (5, 4, 8)
+
+
+def _speculation(stated: dict, engine: str | None = None) -> tuple[Speculation | None, str | None]:
+    """The draft a row's spec_decode states (a chain, or a tree: top-k > 1 with its verified draft tokens), or
+    (None, why not)."""
     method = (stated.get("method") or "").lower()
     if method == "eagle" and "mtp" in (stated.get("draft_model") or "").lower():
         method = "mtp"           # SGLang runs DeepSeek's MTP head through its EAGLE worker
     name = SPECULATIVE_METHODS.get(method)
     if name is None:
         return None, f"speculative method '{stated.get('method')}' is not modelled"
-    if (stated.get("eagle_topk") or 1) > 1:
-        return None, "tree drafts (top-k > 1) are not modelled, only chains"
     k = stated.get("num_speculative_tokens") or stated.get("num_steps")
+    topk, n = stated.get("eagle_topk") or 1, stated.get("num_draft_tokens")
+    if not k and engine == "sglang" and name == "eagle3" and not stated.get("eagle_topk"):
+        k, topk, n = SGLANG_AUTO_TREE
     if not k:
         return None, "speculative tokens per step not stated"
     try:
-        return parse_speculation(name, int(k), acceptance_length=stated.get("acceptance") or None), None
+        return parse_speculation(name, int(k), acceptance_length=stated.get("acceptance") or None, topk=int(topk),
+                                 draft_tokens=int(n) if topk > 1 and n else None), None
     except ValueError as e:
         return None, str(e)
 
@@ -185,7 +194,7 @@ def _skip_reason(r: dict, model, device, engine) -> str | None:
     if engine is None:
         return f"engine {r.get('engine')} has no kernel models"
     if r.get("spec_decode"):
-        why = _speculation(r["spec_decode"])[1]
+        why = _speculation(r["spec_decode"], engine)[1]
         if why:
             return why
     if (r.get("pp") or 1) != 1 or r.get("disaggregated") or r.get("attention_dp"):
@@ -261,7 +270,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {},
         next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
         flags.api_servers if flags.api_server else 0,
-        _speculation(r["spec_decode"])[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
+        _speculation(r["spec_decode"], engine)[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
         # LoadGen's Server and Interactive scenarios time every token as it comes back; a served benchmark's
         # client (vllm bench serve, SGLang's bench_serving) streams by default; Offline runs and the engines'
         # own throughput tools (trtllm-bench, benchmark_throughput.py) take whole completions

@@ -13,6 +13,12 @@ Drafts, chosen by name:
 A draft's first forward catches up on the tokens the last verification accepted (k + 1 per request, as a
 prefill chunk); each further proposal is a one-token decode. Its weights and KV count against the replica's
 memory. Acceptance is an input (serving/data/speculative.json holds published defaults, each with its source).
+
+Tree drafts (SGLang's --speculative-eagle-topk > 1, python/sglang/srt/speculative/eagle_worker.py): the draft
+runs k steps, each of its k - 1 forwards after the catch-up over topk candidate rows per request (one per node
+of the tree's frontier); the best N - 1 candidates by path score, with the last verified token as the root, make
+the N = --speculative-num-draft-tokens tokens the target verifies in one forward under a tree mask
+(eagle_utils.py organize_draft_results). The accepted path is at most k deep.
 """
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ EAGLE3_VOCAB = 32000     # the draft vocabulary of the published EAGLE-3 heads (
 # max_running_requests to 48 for EAGLE, EAGLE3 and NEXTN (python/sglang/srt/server_args.py)
 SPECULATIVE_MAX_RUNNING = {"sglang": 48}
 MAX_K = 16
+MAX_TOPK = 32
+MAX_DRAFT_TOKENS = 256
 
 
 @lru_cache(maxsize=1)
@@ -44,10 +52,31 @@ def _defaults() -> dict:
 @dataclass(frozen=True)
 class Speculation:
     method: str                       # mtp | eagle3 | draft | ngram
-    k: int                            # tokens the draft proposes per step
-    acceptance: tuple[float, ...]     # P(i-th proposal accepted | the ones before were); the last one repeats
+    k: int                            # draft steps: tokens one path proposes (SGLang speculative_num_steps)
+    acceptance: tuple[float, ...]     # P(the accepted path grows at depth i | it reached i - 1); the last repeats
     source: str                       # where the acceptance comes from
     draft_model: str | None = None    # draft:MODEL
+    topk: int = 1                     # candidates per tree node (SGLang speculative_eagle_topk); 1: a chain
+    draft_tokens: int = 0             # tokens verified per request, the root included (a tree's N); 0: k + 1
+
+    @property
+    def tree(self) -> bool:
+        return self.topk > 1
+
+    @property
+    def verify_tokens(self) -> int:
+        """Query rows per request of the target's verification: the last verified token and the proposals."""
+        return self.draft_tokens or self.k + 1
+
+    @property
+    def depth(self) -> int:
+        """The most proposals one step can accept: the draft's steps, or fewer when N - 1 tokens cannot reach."""
+        return min(self.k, self.verify_tokens - 1)
+
+    @property
+    def width(self) -> float:
+        """Verified candidates per depth of the tree, at most topk: N - 1 spread over the depth (1 for a chain)."""
+        return min(self.topk, (self.verify_tokens - 1) / self.depth)
 
     def accepted_through(self, i: int) -> float:
         """P(the first i proposals are all accepted)."""
@@ -59,48 +88,105 @@ class Speculation:
     @property
     def tokens_per_step(self) -> float:
         """Mean tokens a request gains per step: the accepted proposals and the target's own next token."""
-        return 1.0 + sum(self.accepted_through(i) for i in range(1, self.k + 1))
+        return 1.0 + sum(self.accepted_through(i) for i in range(1, self.depth + 1))
 
     @property
     def label(self) -> str:
         name = f"draft:{self.draft_model}" if self.method == "draft" else self.method
-        return f"{name} k={self.k}"
+        return f"{name} k={self.k}" + (f" topk={self.topk} N={self.verify_tokens}" if self.tree else "")
 
     def describe(self) -> str:
-        rates = ", ".join(f"{a:.3g}" for a in self.acceptance[:self.k])
+        rates = ", ".join(f"{a:.3g}" for a in self.acceptance[:self.depth])
+        shape = (f"a tree verifying {self.verify_tokens} tokens per request, {self.width:.3g} candidates per depth; "
+                 if self.tree else "")
         return (f"speculative decoding: {self.label}, {self.tokens_per_step:.2f} tokens per step "
-                f"(acceptance {rates} per position; {self.source})")
+                f"({shape}acceptance {rates} per {'depth' if self.tree else 'position'}; {self.source})")
 
 
 METHODS = ("mtp", "eagle3", "ngram", "draft:MODEL")
 
 
 def parse_speculation(method: str, k: int = 1, acceptance_rate: float | None = None,
-                      acceptance_length: float | None = None) -> Speculation:
-    """A speculation setup from the CLI's words; ValueError (one line) for anything inconsistent."""
+                      acceptance_length: float | None = None, topk: int = 1,
+                      draft_tokens: int | None = None) -> Speculation:
+    """A speculation setup from the CLI's words; ValueError (one line) for anything inconsistent. `topk` > 1 with
+    `draft_tokens` N is a tree draft as SGLang runs it; a given rate or length is the setup's own (per depth of a
+    tree, as engines report it), the published default is a chain's, widened for a tree (tree_acceptance)."""
     name, _, draft = method.strip().partition(":")
     name = name.lower()
     if name not in ("mtp", "eagle3", "ngram", "draft") or (name == "draft") != bool(draft):
         raise ValueError(f"unknown speculative method '{method}' (choose from {', '.join(METHODS)})")
     if not isinstance(k, int) or not 1 <= k <= MAX_K:
         raise ValueError(f"--num-speculative-tokens must be an integer in 1..{MAX_K}, got {k}")
+    n = _tree_shape(name, k, topk, draft_tokens)
+    shape = dict(draft_model=draft or None, topk=topk, draft_tokens=n if topk > 1 else 0)
+    depth = min(k, n - 1)         # Speculation.depth
     if acceptance_rate is not None and acceptance_length is not None:
         raise ValueError("give --acceptance-rate or --acceptance-length, not both")
     if acceptance_rate is not None:
         if not 0.0 < acceptance_rate < 1.0:
             raise ValueError(f"--acceptance-rate must be in (0, 1), got {acceptance_rate}")
-        return Speculation(name, k, (acceptance_rate,), "acceptance rate as given", draft or None)
+        return Speculation(name, k, (acceptance_rate,), "acceptance rate as given", **shape)
     if acceptance_length is not None:
-        if not 1.0 < acceptance_length < k + 1:
-            raise ValueError(f"--acceptance-length must be in (1, {k + 1}) for k = {k} (mean tokens per step, the "
+        if not 1.0 < acceptance_length < depth + 1:
+            raise ValueError(f"--acceptance-length must be in (1, {depth + 1}) for "
+                             f"{'a tree of depth' if topk > 1 else 'k ='} {depth} (mean tokens per step, the "
                              f"target's own included), got {acceptance_length}")
-        rate = _rate_for_length(acceptance_length, k)
-        return Speculation(name, k, (rate,), f"acceptance length {acceptance_length:g} as given", draft or None)
+        rate = _rate_for_length(acceptance_length, depth)
+        return Speculation(name, k, (rate,), f"acceptance length {acceptance_length:g} as given", **shape)
     entry = _defaults().get(name)
     if entry is None:
         raise ValueError(f"'{name}' speculation has no published default acceptance (it depends on the draft and "
                          f"the workload): pass --acceptance-rate or --acceptance-length")
-    return Speculation(name, k, tuple(entry["acceptance"]), f"default: {entry['source']}", draft or None)
+    chain = Speculation(name, k, tuple(entry["acceptance"]), f"default: {entry['source']}", **shape)
+    return tree_acceptance(chain) if topk > 1 else chain
+
+
+def _tree_shape(name: str, k: int, topk: int, draft_tokens: int | None) -> int:
+    """The tokens a step verifies per request (N), checked as SGLang's server_args.py and eagle_utils.py take them:
+    a chain verifies k + 1; a tree picks N - 1 of the topk + (k - 1) topk^2 candidates its k steps propose."""
+    if not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"--speculative-eagle-topk must be an integer in 1..{MAX_TOPK}, got {topk}")
+    if topk == 1:
+        if draft_tokens not in (None, k + 1):
+            raise ValueError(f"a chain (--speculative-eagle-topk 1) verifies k + 1 = {k + 1} tokens per request, "
+                             f"got --speculative-num-draft-tokens {draft_tokens}")
+        return k + 1
+    if name == "ngram":
+        raise ValueError("n-gram lookup proposes a chain: --speculative-eagle-topk is for model drafts")
+    if draft_tokens is None:
+        raise ValueError("a tree draft (--speculative-eagle-topk > 1) needs --speculative-num-draft-tokens N, the "
+                         "tokens the target verifies per request")
+    pool = topk + (k - 1) * topk * topk
+    if not isinstance(draft_tokens, int) or not 2 <= draft_tokens <= min(pool + 1, MAX_DRAFT_TOKENS):
+        raise ValueError(f"--speculative-num-draft-tokens must be an integer in 2..{min(pool + 1, MAX_DRAFT_TOKENS)} "
+                         f"for k = {k}, topk = {topk} (the root and at most the {pool} candidates its steps "
+                         f"propose), got {draft_tokens}")
+    return draft_tokens
+
+
+def sibling_miss() -> float:
+    """The share of a tree node's misses that each further verified sibling still misses: with a chain's
+    acceptance a at a position, a tree verifying w candidates there accepts 1 - (1 - a) * rho^(w - 1). One number,
+    in (0, 1] (1: siblings never help), solved from one published chain/tree pair on the same model, engine and
+    data (serving/data/speculative.json "tree"), each side's per-position acceptance taken constant."""
+    pair = _defaults()["tree"]
+    chain, tree = pair["chain"], pair["tree"]
+    a = _rate_for_length(chain["acceptance_length"], chain["k"])
+    shape = Speculation("eagle3", tree["k"], (0.5,), "", topk=tree["topk"], draft_tokens=tree["draft_tokens"])
+    b = _rate_for_length(tree["acceptance_length"], shape.depth)
+    return min(1.0, ((1 - b) / (1 - a)) ** (1 / (shape.width - 1)))
+
+
+def tree_acceptance(chain: Speculation) -> Speculation:
+    """A tree's acceptance per depth from its draft's chain acceptance, each depth widened by the tree's verified
+    candidates there (Speculation.width, the N - 1 tokens spread over the depth): 1 - (1 - a) rho^(width - 1)."""
+    rho, w = sibling_miss(), chain.width
+    rates = tuple(1 - (1 - chain.acceptance[min(i, len(chain.acceptance) - 1)]) * rho ** (w - 1)
+                  for i in range(chain.depth))
+    return replace(chain, acceptance=rates,
+                   source=f"{chain.source}; widened for the tree: each candidate beyond the first catches "
+                          f"{1 - rho:.0%} of the rest ({_defaults()['tree']['source']})")
 
 
 def _rate_for_length(length: float, k: int) -> float:
@@ -171,6 +257,15 @@ DRAFT_NOTES = {
 }
 
 
+@dataclass(frozen=True)
+class DraftForward:
+    """One forward of the draft in a speculative step."""
+    rows: float          # query rows across the batch (a mean batch: fractional)
+    per_request: int     # query rows per request
+    head_rows: float     # rows the draft's head projects and samples
+    catch_up: bool       # over the tokens the last step verified, as a prefill chunk; else one-token rows
+
+
 class SpeculativeStep:
     """Step times and memory of a replica that speculates: the target's StepCost and the draft's (None: n-gram).
     Offers StepCost's interface, so the steady state, the search and the simulator price it the same way."""
@@ -200,28 +295,38 @@ class SpeculativeStep:
     def formats_notes(self) -> list[str]:
         return self.target.formats_notes() + [self.speculation.describe(), DRAFT_NOTES[self.speculation.method]]
 
+    def draft_forwards(self, decoding: float) -> list[DraftForward]:
+        """The draft's forwards in a step of `decoding` requests: a catch-up over the k + 1 tokens the last step
+        verified (SGLang pads it to k + 1 for its graphs; its head samples one row per request), then k - 1
+        proposals of topk rows per request each (one per frontier node of a tree; one for a chain), each row a
+        one-token decode over the context, its head sampled for the top-k (SGLang eagle_worker.py draft_forward)."""
+        if self.draft is None or decoding <= 0:
+            return []
+        s = self.speculation
+        rows = decoding * s.topk
+        return [DraftForward(decoding * (s.k + 1), s.k + 1, decoding, True)] + \
+            [DraftForward(rows, s.topk, rows, False)] * (s.k - 1)
+
     def draft_seconds(self, decoding: float, context: float) -> float:
-        """The draft's forwards for `decoding` requests: a catch-up over the k + 1 tokens the last step
-        verified, then k - 1 one-token proposals, each sampled greedily."""
-        d = self.draft
-        if d is None or decoding <= 0:
-            return 0.0
-        q, k = self.speculation.k + 1, self.speculation.k
-        n = max(1, round(decoding))
-        first = _lerp(d.linear, decoding * q) + d.logits(decoding) + d.prefill_attention(q, context, decoding)
-        rest = (k - 1) * (_lerp(d.linear, decoding) + d.logits(decoding) + d.decode_attention(n, round(context)))
-        return first + rest + k * d._sampling(decoding)
+        """The draft's forwards (draft_forwards) priced on the draft's own StepCost."""
+        d, total = self.draft, 0.0
+        for f in self.draft_forwards(decoding):
+            attention = d.prefill_attention(f.per_request, context, decoding) if f.catch_up else \
+                d.decode_attention(max(1, round(f.rows)), round(context))
+            total += _lerp(d.linear, f.rows) + d.logits(f.head_rows) + attention + d._sampling(f.head_rows)
+        return total
 
     def steady(self, decoding: float, prefill_tokens: float, chunk_tokens: int, chunk_context: float,
                decode_context: float) -> float:
-        """A speculative step: every decoding request's k + 1 verified tokens and the prompt chunks in one target
-        forward (StepCost.steady with that query), beside the draft's proposals."""
+        """A speculative step: every decoding request's verified tokens (k + 1, a tree's N) and the prompt chunks in
+        one target forward (StepCost.steady with that query), beside the draft's proposals."""
         return self.target.steady(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context,
-                                  query=self.speculation.k + 1, draft_s=self.draft_seconds(decoding, decode_context))
+                                  query=self.speculation.verify_tokens,
+                                  draft_s=self.draft_seconds(decoding, decode_context))
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
-        """The event simulator's step (serving/engine.py): `decode_batch` requests verify k + 1 tokens each
-        beside the prefill chunks [(tokens, context)]."""
+        """The event simulator's step (serving/engine.py): `decode_batch` requests verify their tokens (k + 1, a
+        tree's N) beside the prefill chunks [(tokens, context)]."""
         if not chunks:
             return self.steady(decode_batch, 0, 1, 0, decode_context)
         tokens = sum(n for n, _ in chunks)
@@ -229,9 +334,10 @@ class SpeculativeStep:
                            decode_context)
 
     def accepted(self, rng) -> int:
-        """Tokens one request gains in one step, drawn: the proposals accepted in a row, and the target's own."""
+        """Tokens one request gains in one step, drawn: the proposals accepted in a row (a tree's path, depth by
+        depth), and the target's own."""
         gained = 1
-        for i in range(self.speculation.k):
+        for i in range(self.speculation.depth):
             if rng.random() >= self.speculation.acceptance[min(i, len(self.speculation.acceptance) - 1)]:
                 break
             gained += 1
@@ -266,6 +372,53 @@ class SpeculativeStep:
                        kv_bytes_per_token=per_token)
 
 
+@dataclass(frozen=True)
+class StepTimes:
+    """One speculative decode step of `batch` requests over `context` tokens each, beside the plain one."""
+    batch: int
+    context: int
+    draft_s: float           # the draft's forwards (draft_forwards)
+    verify_s: float          # the target's forward over the verified rows, its sampling and the step's host work
+    plain_s: float           # the same batch's decode step without speculation
+    tokens_per_step: float
+    verify_tokens: int       # query rows per request of the verification
+
+    @property
+    def step_s(self) -> float:
+        return self.draft_s + self.verify_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Time per output token: the step spread over the tokens it gains a request."""
+        return self.step_s / self.tokens_per_step
+
+    @property
+    def speedup(self) -> float:
+        """Output tokens/s speculating over not, at this batch."""
+        return self.plain_s / self.tpot_s
+
+    def as_json(self) -> dict:
+        return {"batch": self.batch, "context": self.context, "draft_ms": self.draft_s * 1e3,
+                "verify_ms": self.verify_s * 1e3, "step_ms": self.step_s * 1e3,
+                "tokens_per_step": self.tokens_per_step, "verify_tokens_per_request": self.verify_tokens,
+                "effective_tpot_ms": self.tpot_s * 1e3, "plain_step_ms": self.plain_s * 1e3,
+                "speedup": self.speedup}
+
+
+def step_times(step: SpeculativeStep, batch: int, context: int) -> StepTimes:
+    """A decode-only speculative step priced as the serving steps are (StepCost.steady: overheads included)."""
+    total = step.steady(batch, 0, 1, 0, context)
+    draft = step.draft_seconds(batch, context)
+    return StepTimes(batch, context, draft, total - draft, step.target.steady(batch, 0, 1, 0, context),
+                     step.tokens_per_step, step.speculation.verify_tokens)
+
+
+def speedup_at_batch(step: SpeculativeStep, batch: int, context: float) -> float:
+    """Output tokens/s of a decode batch of `batch` requests over `context` tokens each, speculating, relative to
+    the same batch without: tokens per step over the speculative step's time, against one token per plain step."""
+    return step_times(step, batch, round(context)).speedup
+
+
 def speculative_step(target: StepCost, speculation: Speculation | None,
                      trust_remote_code: bool = False) -> StepCost | SpeculativeStep:
     """The target's step cost, speculating when `speculation` is given."""
@@ -277,5 +430,6 @@ def speculative_step(target: StepCost, speculation: Speculation | None,
     return SpeculativeStep(target, speculation, draft)
 
 
-__all__ = ["METHODS", "SpeculativeStep", "Speculation", "draft_spec", "mtp_layers", "parse_speculation",
-           "speculative_step"]
+__all__ = ["METHODS", "DraftForward", "SpeculativeStep", "Speculation", "draft_spec", "mtp_layers", "parse_speculation",
+           "StepTimes", "sibling_miss", "speculative_step", "speedup_at_batch", "step_times",
+           "tree_acceptance"]

@@ -138,9 +138,29 @@ def test_text_generate_and_serving_sim_take_a_speculative_setup(capsys):
     spec = json.loads(capsys.readouterr().out)
     assert spec["tpot_ms"]["mean"] < plain["tpot_ms"]["mean"] / 1.3
     assert any("eagle3 k=3" in n for n in spec["notes"])
-    assert tg_main(["llama-3.2-1b", "--device", "h100", "--decode", "-c", "100", "--speculative", "ngram",
-                    "--acceptance-rate", "0.5"]) == 2
-    assert "add --output-length" in capsys.readouterr().err
+    assert spec["speculative_step"]["tokens_per_step"] == pytest.approx(1 + 0.7 + 0.49 + 0.343)
+    assert spec["speculative_step"]["verify_tokens_per_request"] == 4 and spec["speculation"] == "eagle3 k=3"
+    # one speculative step (--decode): the draft and the verification add up to the step, spread over its tokens
+    step_args = ["llama-3.2-1b", "--device", "h100", "--decode", "-b", "8", "-c", "1000", "--speculative", "eagle3",
+                 "--num-speculative-tokens", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens",
+                 "16", "--acceptance-rate", "0.6", "--json"]
+    assert tg_main(step_args) == 0
+    one = json.loads(capsys.readouterr().out)["speculative_step"]
+    assert one["draft_ms"] + one["verify_ms"] == pytest.approx(one["step_ms"])
+    assert one["effective_tpot_ms"] == pytest.approx(one["step_ms"] / one["tokens_per_step"])
+    assert one["verify_tokens_per_request"] == 16 and one["batch"] == 8 and one["draft_ms"] > 0
+    assert one["speedup"] == pytest.approx(one["plain_step_ms"] / one["effective_tpot_ms"])
+    assert tg_main(step_args[:-1]) == 0
+    assert "effective TPOT" in capsys.readouterr().out
+    for bad, message in [(["llama-3.2-1b", "--device", "h100", "-q", "100", "--speculative", "ngram",
+                           "--acceptance-rate", "0.5"], "add --decode"),
+                         (step_args + ["-q", "4"], "drop -q"),
+                         (step_args + ["--execution", "eager"], "use --execution engine"),
+                         (["llama-3.2-1b", "--device", "h100", "--decode", "--speculative-eagle-topk", "2"],
+                          "need --speculative")]:
+        assert tg_main(bad) == 2, bad
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
     assert sim_main(["llama-3.2-1b", "--device", "h100", "--workload", "multi-turn-chat", "--num-requests", "20",
                      "--request-rate", "2", "--speculative", "ngram", "--acceptance-rate", "0.5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

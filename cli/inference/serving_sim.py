@@ -191,6 +191,7 @@ def _simulate_one(label: str) -> tuple[str, dict]:
 def run(args) -> dict:
     spec, hw, options = model_spec(args), load_device(args), trace_options(args)
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
+    running_given = args.max_running is not None
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
     MAX_RUNNING.check(args.max_running, "--max-running")
@@ -211,6 +212,8 @@ def run(args) -> dict:
     if drafts:   # the draft's weights and KV take their share of the cache
         plain, ours = cost.target.replica_memory(config.max_prefill_tokens), cost.replica_memory(config.max_prefill_tokens)
         config = replace(config, gpu_blocks=max(1, int(config.gpu_blocks * ours.kv_tokens / max(1, plain.kv_tokens))))
+        if not running_given:   # an engine's own cap when it speculates (SGLang: 48), as the optimizer applies it
+            config = replace(config, max_running=min(config.max_running, cost.defaults.max_num_seqs))
     if args.disagg:
         price = gpu_price(hw, args.gpu_hour_price)
         d = disagg_run.run(args, spec, hw, options, requests, config, cost, price)
@@ -327,6 +330,8 @@ def render(out: dict) -> str:
         return text + f"\nnote: step overheads: {out['step_overheads']}\nnote: {out['price_note']}"
     runs = out["runs"]
     rows = [[label, *(fmt(r) for r in runs.values())] for label, fmt in ROWS]
+    if out.get("speculation"):   # the accepted tokens the run drew per request per step
+        rows.append(["tokens per step (drawn)", *(f"{r['tokens_per_step'] or 0:.2f}" for r in runs.values())])
     if out["instances"] > 1:
         rows.append([f"hit rate per instance ({out['routing']})",
                      *(" ".join(f"{i['hit_rate'] * 100:.0f}%" for i in r["instances"]) for r in runs.values())])
@@ -345,7 +350,8 @@ def render(out: dict) -> str:
     for message in sorted({m for r in runs.values() for m in r["overload"]}):
         text += f"\nwarning: {message}"
     if out.get("speculation"):
-        text += f"\nnote: {out['speculation']} (each request's accepted tokens drawn per step)"
+        text += (f"\nnote: {out['speculation']} (each request's accepted tokens drawn per step, position by "
+                 f"position, seeded; 'tokens per step' is what the run drew)")
     for note in origin_notes(out["origin"]):
         text += f"\nnote: {note}"
     text += f"\nnote: {out['price_note']}"

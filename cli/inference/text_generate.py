@@ -4,6 +4,8 @@
     python -m cli.inference.text_generate MODEL --device DEVICE --num-queries B --query-length Q
         [--context-length C] [--decode] [--prefix-cache-hit-rate H] [--tp-size N] [--json]
     python -m cli.inference.text_generate MODEL --device DEVICE -b B -q Q --output-length N [--json]
+    python -m cli.inference.text_generate MODEL --device DEVICE -b B -c C --decode --speculative METHOD
+        [--num-speculative-tokens K] [--acceptance-rate A | --acceptance-length L] [--json]
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ..common import (MAX_BATCH_TOKENS, MAX_SWEEP, MAX_TOKENS, ArgumentParser, L
 from ..progress import Progress
 from .config import InputError, RequestInfo, UserInputConfig
 from .memory import MemoryEstimate, estimate_memory
-from . import whole_request
+from . import speculative_step, whole_request
 
 MEMORY_NOTE = ("KV memory covers the request's seq_len; resident prefix-cache memory beyond it is not modelled "
                "(RFC 5.3)")
@@ -244,12 +246,11 @@ def body(args) -> int:
     drafts = speculations(args)
     if len(drafts) > 1:
         raise InputError("text_generate prices one --num-speculative-tokens (the optimizer searches several)")
-    if drafts and args.output_length is None:
-        raise InputError("--speculative prices whole requests: add --output-length N (every decode step then "
-                         "verifies k + 1 tokens per request)")
     args.speculation = drafts[0] if drafts else None
     if args.output_length is not None:
         return whole(args, spec, options)
+    if drafts:
+        return speculative_decode(args, spec, options)
     if args.sweep_prefix_cache_hit_rate is not None:
         if args.decode:
             raise ValueError("--sweep-prefix-cache-hit-rate is for prefill, not --decode")
@@ -281,6 +282,24 @@ def whole(args, spec: ModelSpec, options) -> int:
         print(dumps_strict({**r.as_json(), "warnings": list(args.layout_warnings) + r.warnings}, indent=1))
     else:
         print(whole_request.render(r))
+    return 0
+
+
+def speculative_decode(args, spec: ModelSpec, options) -> int:
+    """--speculative --decode: one speculative step of -b requests over -c tokens of context."""
+    if not args.decode:
+        raise InputError("--speculative prices decode steps: add --decode (one step over -c) or --output-length N "
+                         "(whole requests)")
+    if args.query_length != 1 or args.prefix_cache_hit_rate:
+        raise InputError("--speculative sets a decode step's query (the verified tokens): drop -q and "
+                         "--prefix-cache-hit-rate")
+    r = speculative_step.predict(spec, args.device, args.num_queries, args.context_length, args.tp_size,
+                                 args.ep_size, args.execution, options, args.engine, args.ep_style,
+                                 args.engine_release, args.speculation)
+    if args.json:
+        print(dumps_strict({**r.as_json(), "warnings": list(args.layout_warnings)}, indent=1))
+    else:
+        print(speculative_step.render(r))
     return 0
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from cost.estimate import Parallelism
 from cost.profile import HardwareProfile, load_profile
 from serving.batch_latency import BatchLatency, static_batch
-from serving.speculative import Speculation, speculative_step
+from serving.speculative import Speculation, StepTimes, speculative_step, step_times
 from serving.step_cost import StepCost
 from tracer.model_source import ModelSpec
 from tracer.table import format_table
@@ -33,6 +33,8 @@ class WholeRequest:
     walk: BatchLatency
     kv_tokens: int | None        # what the engine's KV cache holds (engine execution), None under eager
     notes: tuple[str, ...]
+    speculation: Speculation | None = None
+    speculative_step: StepTimes | None = None   # the batch's step at its mean decode context, when speculating
 
     @property
     def kv_needed(self) -> int:
@@ -70,6 +72,8 @@ class WholeRequest:
                 "steps": [{"prefill_chunks": [list(c) for c in s.chunks], "decode_batch": s.decode_batch,
                            "decode_context": s.decode_context, "ms": s.seconds * 1e3} for s in w.steps],
                 "kv_tokens_needed": self.kv_needed, "kv_tokens_capacity": self.kv_tokens,
+                "speculation": self.speculation.label if self.speculation else None,
+                "speculative_step": self.speculative_step.as_json() if self.speculative_step else None,
                 "notes": list(self.notes)}
 
 
@@ -100,7 +104,14 @@ def predict(spec: ModelSpec, device: str, batch: int, prompt: int, output: int, 
                      f"{cost.overheads.request_ms:g} ms per request outside the steps")
     notes += cost.formats_notes()
     dtype = trace(spec, Request(1, 1, 0), options).options.dtype   # "auto" resolved to the config's format
-    return WholeRequest(spec.name, hw, tp, ep, engine, dtype, tokens, seqs, chunked, walk, kv, tuple(notes))
+    times = None
+    if speculation is not None:   # the step at the batch's mean decode context, what each decode step resembles
+        times = step_times(cost, min(batch, seqs), prompt + output // 2)
+        notes.append("speculative step: the batch's decode step at its mean context (prompt + half the output); "
+                     "the walk prices every step at its own context and advances each request by the mean tokens "
+                     "per step")
+    return WholeRequest(spec.name, hw, tp, ep, engine, dtype, tokens, seqs, chunked, walk, kv, tuple(notes),
+                        speculation, times)
 
 
 def render(r: WholeRequest) -> str:
@@ -124,6 +135,9 @@ def render(r: WholeRequest) -> str:
         ["steps with prefill", f"{w.prefill_steps}"],
         ["decode-only steps", f"{decode_steps}"],
         ["sum of steps", f"{w.steps_s * 1e3:,.1f} ms"]]))
+    if r.speculative_step is not None:
+        from .speculative_step import section
+        lines += ["", section(r.speculative_step, r.speculation)]
     for warning in r.warnings:
         lines.append(f"WARNING: {warning}")
     for note in r.notes:
