@@ -137,10 +137,15 @@ def engine_allreduce_seconds(nbytes: float, gpus: int, hw: HardwareProfile, engi
     custom = (nbytes <= spec.custom_allreduce_max_bytes and gpus in spec.custom_allreduce_gpus
               and (not hw.pcie_only or gpus <= spec.pcie_custom_allreduce_max_gpus))
     curves = hw.engine(engine).allreduce
-    if notes is not None and hw.topologies and not hw.topology and gpus > 2:
+    # the servers that would price this all-reduce otherwise: their own curves at this GPU count, or fewer GPUs
+    # in one domain
+    others = [] if notes is None or hw.topology or gpus <= 2 else \
+        [name for name, t in hw.topologies.items() if any(str(gpus) in by_gpus for by_gpus in t.allreduce.values())
+         or (t.interconnect.domain_gpus or gpus) < gpus]
+    if others:
         notes.append(f"all-reduce over {gpus} GPUs priced on the topology the kernel tables were measured on "
                      f"({hw.interconnect_name}); other servers: "
-                     + ", ".join(f"--device {hw.key}:{t}" for t in hw.topologies))
+                     + ", ".join(f"--device {hw.key}:{t}" for t in others))
     for impl in (("custom", "nccl") if custom else ("nccl",)):
         if impl in curves:
             curve, fitted_gpus = nearest_curve(curves[impl], gpus)
