@@ -35,16 +35,27 @@ ENGINES = {"tensorrt-llm": "trtllm", "trtllm": "trtllm", "vllm": "vllm", "sglang
 
 
 @lru_cache(maxsize=1)
-def _system_topologies() -> dict[str, str]:
+def _systems() -> dict[str, dict]:
     data = json.loads((Path(__file__).parent / "data" / "mlperf_systems.json").read_text(encoding="utf-8"))
-    return {path: entry["topology"] for path, entry in data["systems"].items()}
+    return data["systems"]
+
+
+def _system(source: str | None) -> dict:
+    """What serving/data/mlperf_systems.json states of the system a row's results folder belongs to ({}: nothing)."""
+    return next((entry for path, entry in _systems().items() if path in (source or "")), {})
 
 
 def system_device(device: str | None, source: str | None) -> str | None:
     """The profile of a published run's GPUs as its system joins them: `DEVICE:TOPOLOGY` where the submitter's
     system description states another interconnect than the profile's (serving/data/mlperf_systems.json)."""
-    topology = next((t for path, t in _system_topologies().items() if path in (source or "")), None)
+    topology = _system(source).get("topology")
     return f"{device}:{topology}" if device and topology and ":" not in device else device
+
+
+def system_kv_dtype(source: str | None) -> str | None:
+    """The KV-cache format the submitter's code states for its system (serving/data/mlperf_systems.json), where
+    the row itself states none."""
+    return _system(source).get("kv_cache_dtype")
 
 
 class MeasurementError(ValueError):
@@ -230,7 +241,8 @@ def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement
     device = system_device(GPUS.get(r.get("gpu"), r.get("gpu")), r.get("source"))
     stated = {"id": r.get("id"), "model": r.get("model"), "device": device,
               "engine": engine, "engine_version": r.get("engine_version"), "tp": r.get("tp"),
-              "dtype": r.get("precision"), "kv_dtype": r.get("kv_cache_dtype"), "isl": r.get("isl"),
+              "dtype": r.get("precision"), "kv_dtype": r.get("kv_cache_dtype") or system_kv_dtype(r.get("source")),
+              "isl": r.get("isl"),
               "osl": r.get("osl"), "engine_flags": r.get("engine_flags")}
     from .published import DATASET_LENGTHS      # (published.py reads this module: imported when used)
     lengths = next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()),

@@ -29,7 +29,7 @@ from tracer.work import TraceOptions
 from .capacity import OUTPUT_KV_SHARE
 from .engine_flags import stated_settings
 from .lengths import bundled
-from .measurements import system_device
+from .measurements import system_device, system_kv_dtype
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
 from .speculative import Speculation, parse_speculation, speculative_step
 from .step_cost import StepCost
@@ -263,7 +263,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     scenario = r["id"].rsplit("-", 1)[-1]
     run = PublishedRun(
         r["id"], r["source_kind"], model, device, engine, _release(engine, r.get("engine_version")),
-        _dtype(r["precision"], model, r.get("checkpoint")), r.get("kv_cache_dtype") or flags.kv_cache_dtype or _checkpoint_kv(r.get("checkpoint")), tp,
+        _dtype(r["precision"], model, r.get("checkpoint")), r.get("kv_cache_dtype") or flags.kv_cache_dtype or system_kv_dtype(r.get("source")) or _checkpoint_kv(r.get("checkpoint")), tp,
         max(1, round(r["isl"])), max(1, round(r["osl"])), _load(r, replicas), flags.memory_fraction, measured,
         "trtllm-bench" in (r.get("engine_flags") or "") or "trtllm-bench" in (r.get("engine") or ""), ep, replicas,
         flags.max_num_seqs, flags.max_batched_tokens, flags.chunked_prefill, r.get("mode", ""), percentiles,

@@ -221,3 +221,19 @@ def test_rate_within_limits_of_a_refused_setup_is_refused():
     assert why is None and run.latency_limits
     with pytest.raises(ValueError, match="the KV cache holds 0 tokens"):
         rate_within_limits(Predictor(), run)
+
+
+def test_submitters_stated_kv_format_fills_a_row_that_states_none():
+    """AMD's MLPerf v4.1 code quantizes Llama-2-70B with an FP8 KV cache (closed/AMD/code/llama2-70b-99/README.md);
+    the rows state no KV format."""
+    row = {"id": "a-Offline", "source": "closed/AMD/results/8xMI300X_2xEPYC-TURIN/llama2-70b-99/Offline/x",
+           "source_kind": "mlperf_inference_v4.1", "engine": "vLLM", "engine_version": "vLLM 0.4.3",
+           "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8", "gpu": "MI300X-192GB", "num_gpus": 8,
+           "tp": 1, "dp": 8, "isl": 222.3, "osl": 291.0, "mode": "offline_max_throughput", "num_requests": 400,
+           "output_tok_s": 20000.0}
+    run, why = map_row(row)
+    assert why is None and run.kv_dtype == "fp8"
+    run, _ = map_row({**row, "kv_cache_dtype": "bf16"})       # what a row states wins
+    assert run.kv_dtype == "bf16"
+    run, _ = map_row({**row, "source": "closed/Dell/results/XE9680_MI300X_192GBx8/llama2-70b-99/Offline/x"})
+    assert run.kv_dtype is None
