@@ -82,3 +82,7 @@ def test_stream_fit_takes_streamed_runs_with_limits_only():
     no_limits = replace(server, latency_limits={})
     assert streamed_limit_runs([server, offline, no_limits], "trtllm") == [server]
     assert streamed_limit_runs([server], "vllm") == []
+
+
+def test_the_json_says_whether_tokens_streamed():
+    assert _optimizer()["streams"] is True and _optimizer("--no-stream")["streams"] is False

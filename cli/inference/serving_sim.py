@@ -218,7 +218,8 @@ def run(args) -> dict:
         price = gpu_price(hw, args.gpu_hour_price)
         d = disagg_run.run(args, spec, hw, options, requests, config, cost, price)
         return {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
-                "num_requests": len(requests), "engine": args.engine, "step_overheads": cost.overhead_origin,
+                "num_requests": len(requests), "engine": args.engine, "streams": args.stream,
+                "step_overheads": cost.overhead_origin,
                 "load": _load_label(args), "disaggregated": d, "price_note": price.note if price else NO_PRICE,
                 "warnings": list(report.warnings) + d["run"]["overload"],
                 "lengths": args.lengths.describe() if args.lengths else None}
@@ -242,7 +243,8 @@ def run(args) -> dict:
            "price_note": price.note if price else NO_PRICE,
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
-           "time_scale": args.time_scale, "engine": args.engine, "step_overheads": cost.overhead_origin,
+           "time_scale": args.time_scale, "engine": args.engine, "streams": args.stream,
+           "step_overheads": cost.overhead_origin,
            "origin": cost.origin.as_json(),
            "speculation": cost.speculation.describe() if cost.speculation is not None else None,
            "load": _load_label(args), "runs": {k: results[k] for k in runs},

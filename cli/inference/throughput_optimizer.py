@@ -226,7 +226,7 @@ def optimize(args, on_progress=None) -> dict:
         "nodes": math.ceil(num_devices / hw.gpus_per_node),
         "scale_up_domains": math.ceil(num_devices / hw.scale_up_gpus), "scale_up_gpus": hw.scale_up_gpus,
         "mode": args.mode, "execution": args.execution,
-        "engine": args.engine if args.execution == "engine" else None,
+        "engine": args.engine if args.execution == "engine" else None, "streams": args.stream,
         "load": {"kind": load.kind, "value": load.value if load.kind != MAX else None,
                  "arrival": load.arrival if load.kind == RATE else None, "requests": load.requests or None},
         "lengths": workload.describe(), "length_distribution": lengths.as_json() if lengths else None,
