@@ -65,12 +65,13 @@ class ServingModel:
         # a run whose system joins its GPUs otherwise ("h100nvl:pcie": no NVLink bridges) prices its collectives
         # on that topology of the profile being fitted
         topology = m.device.rpartition(":")[2] if ":" in m.device else ""
-        key = (m.model, m.engine, m.dtype, m.kv_dtype, m.tp, topology)
+        key = (m.model, m.engine, m.dtype, m.kv_dtype, m.tp, topology, m.streams)
         if key not in self._costs:
             spec = resolve_model(MODELS.get(m.model, m.model))
             options = TraceOptions(dtype=m.dtype, kv_cache_dtype=m.kv_dtype)
             hw = with_topology(self.hw, topology) if topology and not self.hw.topology else self.hw
-            self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(m.tp), m.engine, self.overheads)
+            self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(m.tp), m.engine, self.overheads,
+                                        streams=m.streams)
         return self._costs[key]
 
     def predict(self, m: ServingMeasurement) -> dict[str, float]:

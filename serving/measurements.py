@@ -104,6 +104,14 @@ class ServingMeasurement:
     filled: tuple[str, ...] = ()                    # fields taken from RunFacts, not from the file
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
 
+    @property
+    def streams(self) -> bool:
+        """Its client took each token as it came (`vllm bench serve`, MLPerf Server and Interactive, a row served
+        over HTTP), so each step answered every running request (cost/engines.py ServingOverheads.stream_us)."""
+        if self.format in ("vllm_serve", "mlperf_server", "mlperf_interactive"):
+            return True
+        return self.format == "devset" and (self.settings.api_server or self.id.endswith(("-Server", "-Interactive")))
+
 
 def _number(data: dict, key: str, where: str, required: bool = True) -> float | None:
     v = data.get(key)

@@ -86,3 +86,14 @@ def test_stream_fit_takes_streamed_runs_with_limits_only():
 
 def test_the_json_says_whether_tokens_streamed():
     assert _optimizer()["streams"] is True and _optimizer("--no-stream")["streams"] is False
+
+
+def test_serving_measurements_know_who_streamed(tmp_path):
+    """--from-serving prices each measurement as its client took its tokens."""
+    from serving.measurements import load_file
+    rows = [{**SERVER, "gpu": "H100-SXM-80GB"},
+            {**SERVER, "id": "x-Offline", "mode": "offline_max_throughput", "request_rate": None}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    server, offline = load_file(str(path))
+    assert server.streams and not offline.streams
