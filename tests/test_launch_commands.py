@@ -132,3 +132,35 @@ def test_bad_layouts_are_refused():
         ServingLayout("m/x", max_model_len=0)
     with pytest.raises(ValueError, match="unknown engine"):
         launch_command(LAYOUT, "tgi")
+
+
+def test_speculative_flags_per_engine():
+    """The optimizer's winning draft goes into the launch line, in each engine's own spelling."""
+    import json
+    from dataclasses import replace
+    from cli.inference.launch_commands import EAGLE3_HEAD, SpeculativeLaunch
+    eagle = replace(LAYOUT, speculative=SpeculativeLaunch("eagle3", 3))
+    [cmd] = commands(launch_command(eagle, "vllm"), "vllm serve")
+    assert json.loads(flag(cmd, "--speculative-config")) == {"method": "eagle3", "model": EAGLE3_HEAD,
+                                                             "num_speculative_tokens": 3}
+    assert f"# fill in: {EAGLE3_HEAD}" in launch_command(eagle, "vllm")
+    mtp = replace(LAYOUT, speculative=SpeculativeLaunch("mtp", 2))
+    assert json.loads(flag(commands(launch_command(mtp, "vllm"), "vllm serve")[0], "--speculative-config")) == \
+        {"method": "mtp", "num_speculative_tokens": 2}
+    tree = replace(LAYOUT, speculative=SpeculativeLaunch("eagle3", 3, topk=4, draft_tokens=16))
+    [cmd] = commands(launch_command(tree, "sglang"), "python -m sglang.launch_server")
+    assert (flag(cmd, "--speculative-algorithm"), flag(cmd, "--speculative-num-steps"),
+            flag(cmd, "--speculative-eagle-topk"), flag(cmd, "--speculative-num-draft-tokens")) == ("EAGLE3", "3", "4", "16")
+    draft = replace(LAYOUT, speculative=SpeculativeLaunch("draft", 4, draft_model="meta-llama/Llama-3.2-1B"))
+    [cmd] = commands(launch_command(draft, "sglang"), "python -m sglang.launch_server")
+    assert flag(cmd, "--speculative-algorithm") == "STANDALONE" and \
+        flag(cmd, "--speculative-draft-model-path") == "meta-llama/Llama-3.2-1B"
+    [options] = yaml_files(launch_command(draft, "trtllm")).values()
+    assert options["speculative_config"] == {"decoding_type": "DraftTarget", "max_draft_len": 4,
+                                             "speculative_model": "meta-llama/Llama-3.2-1B"}
+    [options] = yaml_files(launch_command(mtp, "trtllm")).values()
+    assert options["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 2}
+    for engine in ("vllm", "trtllm"):     # SGLang's tree flags only
+        with pytest.raises(ValueError, match="tree drafts"):
+            launch_command(tree, engine)
+    assert "--speculative" not in launch_command(LAYOUT, "sglang")

@@ -9,6 +9,10 @@ Flag names follow each engine's documentation:
           https://docs.sglang.io/advanced_features/pd_disaggregation.html (--disaggregation-mode, sglang_router)
   TRT-LLM https://nvidia.github.io/TensorRT-LLM/commands/trtllm-serve.html (trtllm-serve, --extra_llm_api_options),
           https://nvidia.github.io/TensorRT-LLM/features/disagg-serving.html (trtllm-serve disaggregated -c)
+Speculative decoding: vLLM's --speculative-config (docs/features/spec_decode: methods mtp, eagle3, draft_model,
+ngram), SGLang's --speculative-algorithm EAGLE|EAGLE3|STANDALONE|NGRAM with --speculative-num-steps,
+--speculative-eagle-topk and --speculative-num-draft-tokens (server_args.py), TRT-LLM's speculative_config
+(decoding_type MTP | Eagle3 | DraftTarget | NGram, max_draft_len, speculative_model).
 
 How tracecost's layout maps: `dp` replicas of `tp` x `pp` GPUs each; `ep` > 1 splits the experts over the `tp`
 ranks of a replica (ep == tp) or over every rank of every replica (ep == tp x dp, attention data-parallel).
@@ -41,6 +45,24 @@ class Disaggregation:
 
 
 @dataclass(frozen=True)
+class SpeculativeLaunch:
+    """The draft a layout speculates with: `method` mtp | eagle3 | draft | ngram, `k` proposals per step (a tree's
+    depth), `topk` candidates per node and `draft_tokens` verified per request (SGLang trees; 1 and 0: a chain)."""
+    method: str
+    k: int
+    topk: int = 1
+    draft_tokens: int = 0
+    draft_model: str | None = None       # draft: the draft model's Hugging Face id
+
+    @property
+    def verify_tokens(self) -> int:
+        return self.draft_tokens or self.k + 1
+
+
+EAGLE3_HEAD = "EAGLE3_HEAD"     # tracecost prices an EAGLE-3 head of the target's width but does not know its repository
+
+
+@dataclass(frozen=True)
 class ServingLayout:
     model: str                           # the Hugging Face id (or path) the engine loads
     tp: int = 1
@@ -63,6 +85,7 @@ class ServingLayout:
     # vLLM refuses to start when its KV cache cannot hold one sequence of max_model_len (default: the model's
     # max_position_embeddings); set where the priced KV cache holds fewer tokens than that
     max_model_len: int | None = None
+    speculative: SpeculativeLaunch | None = None
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "max_num_seqs", "max_batched_tokens"):
@@ -156,6 +179,43 @@ def _yaml(data: dict, indent: int = 0) -> str:
     return out
 
 
+def _head_note(layout: ServingLayout) -> list[str]:
+    s = layout.speculative
+    if s is None or s.method != "eagle3":
+        return []
+    return [f"# fill in: {EAGLE3_HEAD}, the EAGLE-3 head trained for {layout.model} (a Hugging Face id or path)"]
+
+
+def _vllm_speculative(s: SpeculativeLaunch) -> dict:
+    if s.topk > 1:
+        raise ValueError("tree drafts (topk > 1) have no vLLM launch flags in tracecost")
+    config = {"mtp": {"method": "mtp"}, "eagle3": {"method": "eagle3", "model": EAGLE3_HEAD},
+              "draft": {"method": "draft_model", "model": s.draft_model}, "ngram": {"method": "ngram",
+                                                                                 "prompt_lookup_max": 4}}[s.method]
+    return {**config, "num_speculative_tokens": s.k}
+
+
+def _sglang_speculative(s: SpeculativeLaunch) -> list[str]:
+    algorithm = {"mtp": "EAGLE", "eagle3": "EAGLE3", "draft": "STANDALONE", "ngram": "NGRAM"}[s.method]
+    words = [f"--speculative-algorithm {algorithm}"]
+    if s.method == "eagle3":
+        words.append(f"--speculative-draft-model-path {EAGLE3_HEAD}")
+    elif s.method == "draft":
+        words.append(f"--speculative-draft-model-path {shlex.quote(s.draft_model or '')}")
+    if s.method != "ngram":
+        words += [f"--speculative-num-steps {s.k}", f"--speculative-eagle-topk {s.topk}"]
+    return words + [f"--speculative-num-draft-tokens {s.verify_tokens}"]
+
+
+def _trtllm_speculative(s: SpeculativeLaunch) -> dict:
+    if s.topk > 1:
+        raise ValueError("tree drafts (topk > 1) have no TensorRT-LLM launch options in tracecost")
+    return {"mtp": {"decoding_type": "MTP", "num_nextn_predict_layers": s.k},
+            "eagle3": {"decoding_type": "Eagle3", "max_draft_len": s.k, "speculative_model": EAGLE3_HEAD},
+            "draft": {"decoding_type": "DraftTarget", "max_draft_len": s.k, "speculative_model": s.draft_model},
+            "ngram": {"decoding_type": "NGram", "max_draft_len": s.k}}[s.method]
+
+
 def _common_model_words(layout: ServingLayout, style: str) -> list[str]:
     sep = "_" if style == "trtllm" else "-"
     words = []
@@ -173,7 +233,7 @@ def _vllm(layout: ServingLayout) -> list[str]:
     # DP x TP), which is not what tracecost priced unless ep == tp x dp: such replicas run as separate processes
     engine_dp = not layout.moe
     instances = _disagg_instances(layout) if layout.disaggregated else _mixed_instances(layout, engine_dp)
-    lines = []
+    lines = _head_note(layout)
     for k, inst in enumerate(instances):
         words = [f"vllm serve {shlex.quote(layout.model)}", f"--port {inst.port if len(instances) > 1 else layout.port}",
                  f"--tensor-parallel-size {inst.tp}"]
@@ -188,6 +248,8 @@ def _vllm(layout: ServingLayout) -> list[str]:
                   f"--gpu-memory-utilization {layout.memory_utilization:g}", f"--kv-cache-dtype {layout.kv_cache_dtype}"]
         if layout.max_model_len:
             words.append(f"--max-model-len {layout.max_model_len}")
+        if layout.speculative:
+            words.append("--speculative-config " + shlex.quote(json.dumps(_vllm_speculative(layout.speculative))))
         words += _common_model_words(layout, "vllm")
         env = {"CUDA_VISIBLE_DEVICES": inst.gpu_list} if len(instances) > 1 else {}
         if layout.disaggregated:
@@ -215,7 +277,7 @@ def _sglang(layout: ServingLayout) -> list[str]:
     # SGLang's --dp-size without DP attention runs independent replicas, so it serves every mixed layout in one
     # process; ep == tp x dp is its DP-attention mode, where --tp-size counts every GPU
     instances = _disagg_instances(layout) if layout.disaggregated else _mixed_instances(layout, engine_dp=True)
-    lines = []
+    lines = _head_note(layout)
     for inst in instances:
         tp = inst.tp * inst.dp if layout.wide_ep and not layout.disaggregated else inst.tp
         words = [f"python -m sglang.launch_server --model-path {shlex.quote(layout.model)}",
@@ -237,6 +299,8 @@ def _sglang(layout: ServingLayout) -> list[str]:
                   f"--kv-cache-dtype {SGLANG_KV_DTYPES[layout.kv_cache_dtype]}"]
         if not layout.prefix_caching:
             words.append("--disable-radix-cache")   # SGLang's prefix cache (radix tree) is on by default
+        if layout.speculative:
+            words += _sglang_speculative(layout.speculative)
         words += _common_model_words(layout, "sglang")
         if layout.disaggregated:
             words += [f"--disaggregation-mode {inst.role}", "--disaggregation-transfer-backend mooncake"]
@@ -274,13 +338,15 @@ def _trtllm(layout: ServingLayout) -> list[str]:
     # instance with attention data parallelism (enable_attention_dp)
     instances = _disagg_instances(layout) if layout.disaggregated else _mixed_instances(layout, engine_dp=False)
     fraction, note = _trtllm_free_fraction(layout)
-    lines = [note] if note else []
+    lines = ([note] if note else []) + _head_note(layout)
     kv_cache = {"enable_block_reuse": layout.prefix_caching}
     if layout.kv_cache_dtype == "fp8":
         kv_cache["dtype"] = "fp8"
     options = {"kv_cache_config": kv_cache}
     if layout.wide_ep and not layout.disaggregated:
         options["enable_attention_dp"] = True
+    if layout.speculative:
+        options["speculative_config"] = _trtllm_speculative(layout.speculative)
     files = {"mixed": "tracecost-trtllm.yaml", "prefill": "tracecost-trtllm-ctx.yaml",
              "decode": "tracecost-trtllm-gen.yaml"}
     if layout.disaggregated:

@@ -42,7 +42,7 @@ from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, 
 from ..progress import Progress
 from .config import InputError
 from .optimizer_table import render
-from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, launch_command
+from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, SpeculativeLaunch, launch_command
 from .pareto import ParetoPoint, by_hit_rate, frontier, plot
 from .shapes import ServingShapes, load_hit_rate_distribution
 
@@ -339,6 +339,13 @@ def serving_layout(args, c: Candidate, experts: int, hw, spec, longest: int) -> 
                                 Role(c.decode_instances, lay.tp, lay.ep if lay.ep == lay.tp else 0))
     bundled = bundled_models().get(args.model.lower())
     model_id = bundled.hf_id if bundled is not None else args.model
+    draft = next((d for d in speculations(args) if d.label == c.speculation), None) if c.speculation else None
+    if draft is not None and draft.method == "draft":
+        found = bundled_models().get((draft.draft_model or "").lower())
+        draft_id = found.hf_id if found is not None else draft.draft_model
+    else:
+        draft_id = None
+    speculative = SpeculativeLaunch(draft.method, draft.k, draft.topk, draft.draft_tokens, draft_id) if draft else None
     return ServingLayout(model_id, lay.tp, lay.pp, lay.dp if c.mode == MIXED else 1, ep, c.max_num_seqs,
                          c.max_batched_tokens, args.prefix_cache_hit_rate > 0 or
                          bool(args.prefix_cache_hit_rate_distribution), fraction,
@@ -346,7 +353,8 @@ def serving_layout(args, c: Candidate, experts: int, hw, spec, longest: int) -> 
                          trust_remote_code=args.trust_remote_code, revision=args.revision,
                          device_memory_gb=hw.memory_capacity_gb,
                          weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None,
-                         max_model_len=vllm_max_model_len(args.engine, c, spec.config, longest))
+                         max_model_len=vllm_max_model_len(args.engine, c, spec.config, longest),
+                         speculative=speculative)
 
 
 def vllm_max_model_len(engine: str, c: Candidate, config: dict, longest: int) -> int | None:
