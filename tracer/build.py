@@ -6,12 +6,14 @@ import sys
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
 from . import attention, compat, experts, mla, patches  # noqa: F401
 from .layers import DecoderLayers, install
 from .model_source import ModelError, ModelSpec
+from .module_tree import ModuleTree
 
 IMPLEMENTATION = attention.IMPLEMENTATION_NAME
 
@@ -37,6 +39,11 @@ class BuiltModel:
     @property
     def layer_groups(self) -> list[list[int]]:
         return self.layers.traced_groups()
+
+    @cached_property
+    def tree(self) -> ModuleTree:
+        """The module tree, walked once (tracer/module_tree.py)."""
+        return ModuleTree(self.model)
 
 
 def _expert_tensors(module: torch.nn.Module) -> bool:

@@ -166,10 +166,11 @@ def _remember(key, result: Trace) -> None:
         _TRACE_CACHE.popitem(last=False)
 
 
-def _output_module(model) -> str | None:
+def _output_module(built: BuiltModel) -> str | None:
     """The path of the module producing the logits (lm_head), if the model has one."""
+    model = built.model
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return next((name for name, m in model.named_modules() if m is head), None) if head is not None else None
+    return built.tree.paths.get(id(head)) if head is not None else None
 
 
 def _stored_bytes(built: BuiltModel, formats: CheckpointFormats | None, unquantized: str, key: tuple) -> float:
@@ -189,7 +190,7 @@ def stored_weight_bytes(built: BuiltModel, formats: CheckpointFormats | None, un
     plain = DTYPE_BYTES[unquantized]
     if formats is None:
         return built.params * plain
-    head = _output_module(built.model)
+    head = _output_module(built)
     total, seen = 0.0, set()
     for name, module in built.model.named_modules():
         for p in module.parameters(recurse=False):
@@ -379,7 +380,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     batch, q_len, context = request.num_queries, request.query_length + image_tokens, request.context_length
     prompt = _soft_prompt(built)  # the first step computes the soft prompt too; later steps find it cached
     cached, rows = (context + prompt, q_len) if context > 0 else (0, q_len + prompt)
-    recorder = Recorder(built.model, built.layers.path)
+    recorder = Recorder(built.model, built.layers.path, built.tree)
     recorder.context_length = cached
     recorder.kv_element_size = kv_element_size
     recorder.moe_imbalance = options.moe_imbalance
@@ -422,7 +423,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
         recorder.close()
     raw_ops = recorder.finish()
     unquantized = options.dtype if options.dtype in TORCH_DTYPE_NAMES else "bf16"
-    ops = assign_formats(raw_ops, formats, built.layers.path, built.layer_groups, _output_module(built.model),
+    ops = assign_formats(raw_ops, formats, built.layers.path, built.layer_groups, _output_module(built),
                          unquantized)
     run = Run(ops=ops, unformulated=dict(recorder.unformulated), query_length=rows, image_tokens=image_tokens,
               notes=[vision_note] if vision_note else [], cached_prompt=cached - context)
