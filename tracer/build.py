@@ -1,6 +1,7 @@
 """Build the real HF model class from a config on the meta device, and group its identical layers."""
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import warnings
@@ -67,7 +68,9 @@ def active_params(model: torch.nn.Module, config) -> int:
 def make_config(spec: ModelSpec, trust_remote_code: bool):
     """The config object, built from the dict the way transformers loads a config.json (`from_dict`)."""
     from transformers import CONFIG_MAPPING, AutoConfig
-    fields = dict(spec.config)
+    # a deep copy: from_dict writes into nested dicts (transformers 5 adds rope_theta to rope_scaling), and a
+    # changed spec.config keys the next build and trace of the same model apart (a second build per search)
+    fields = copy.deepcopy(spec.config)
     model_type = fields.get("model_type")
     if model_type not in CONFIG_MAPPING:
         if "auto_map" in fields and not trust_remote_code:
