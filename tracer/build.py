@@ -15,6 +15,7 @@ from . import attention, compat, experts, mla, patches  # noqa: F401
 from .layers import DecoderLayers, install
 from .model_source import ModelError, ModelSpec
 from .module_tree import ModuleTree
+from .unmodelled import refusal
 
 IMPLEMENTATION = attention.IMPLEMENTATION_NAME
 
@@ -199,6 +200,9 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
         built = _BUILD_CACHE[key]
         built.layers.active = dedup_layers
         return built
+    why = refusal(spec.config.get("model_type"))
+    if why:
+        raise ModelError(f"unsupported: {spec.name}: {why}")
     config = make_config(spec, trust_remote_code)
     if mla_form not in mla.FORMS:
         raise ModelError(f"unknown MLA form '{mla_form}' (choose from {', '.join(mla.FORMS)})")
