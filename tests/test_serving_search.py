@@ -101,6 +101,21 @@ def test_probes_answer_the_limits_as_the_full_solve_does(stat):
     assert best.as_json() == again.as_json() and set(best.ttft_ms) == {"mean", "p50", "p90", "p99"}
 
 
+def test_steady_steps_are_remembered_as_priced(monkeypatch):
+    """A search asks StepCost.steady for the same step many times: the remembered value is the priced one, and the
+    memory is bounded."""
+    import serving.step_cost as step_cost
+    s = searcher()
+    cost, fresh = s.cost(Layout(1)), searcher().cost(Layout(1))
+    monkeypatch.setattr(step_cost, "STEADY_MEMO", 2)
+    shapes = [(12.5, 700.0, 1000, 0.0, 1064.0), (3.0, 0.0, 1000, 0.0, 1064.0), (40.25, 1500.0, 1000, 250.0, 1064.0)]
+    first = [cost.steady(*shape) for shape in shapes]
+    assert len(cost._steady) <= 2
+    assert [cost.steady(*shape) for shape in shapes] == first == [fresh._steady_step(*shape, 1, 0.0)
+                                                                 for shape in shapes]
+    assert first[0] > first[1] > 0
+
+
 def test_solve_without_quantiles_keeps_the_means():
     limits = Limits(max_num_seqs=64, max_batched_tokens=2048, kv_tokens=10**6)
     for load in (Load(RATE, 6.0), Load(RATE, 1000.0), Load(CONCURRENCY, 8), Load(MAX)):

@@ -1,6 +1,7 @@
 """Trace one forward step of a model for a request: the entry point of the tracer."""
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import time
@@ -327,11 +328,19 @@ def _padding_mask(model, batch: int, length: int) -> dict:
     if "attention_mask" not in inspect.signature(model.forward).parameters:
         return {}
     owners = {type(model)} | {type(m) for m in model.children()}
-    try:
-        needs = any(_reads_mask_shape_unguarded(inspect.getsource(cls.forward)) for cls in owners)
-    except (OSError, TypeError, SyntaxError):
-        needs = False
+    needs = any(_forward_reads_mask_shape(cls) for cls in owners)
     return {"attention_mask": torch.ones(batch, length, dtype=torch.long, device="meta")} if needs else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_reads_mask_shape(cls: type) -> bool:
+    """_reads_mask_shape_unguarded of a class's forward, parsed once per class (each trace asks); False where its
+    source cannot be read."""
+    import inspect
+    try:
+        return _reads_mask_shape_unguarded(inspect.getsource(cls.forward))
+    except (OSError, TypeError, SyntaxError):
+        return False
 
 
 def _reads_mask_shape_unguarded(source: str) -> bool:
