@@ -55,8 +55,10 @@ def test_a_trace_without_attention_or_recurrent_ops_is_refused():
 
 
 def test_unmodelled_types_are_refused_in_plain_words(tmp_path):
-    """BLT and ProphetNet fail inside transformers' forward (an AttributeError, an assertion): the refusal says what
-    tracecost does not model instead, in one line, before anything is built."""
+    """BLT and ProphetNet fail inside transformers' forward (an AttributeError, an assertion), Gemma-4's unified
+    assistant (5.24) on inputs a text step does not have: the refusal says what tracecost does not model instead, in
+    one line, before anything is built."""
+    import json
     import subprocess
     import sys
     from pathlib import Path
@@ -74,6 +76,13 @@ def test_unmodelled_types_are_refused_in_plain_words(tmp_path):
         text = str(refused.value)
         assert text.startswith("unsupported: ") and what in text and text.endswith(UNMODELLED[model_type])
         assert "\n" not in text and "Error" not in text and "module '" not in text
+    from tracer.model_source import resolve_model
+    from tracer.trace import trace
+    assistant = {"model_type": "gemma4_unified_assistant", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(assistant))
+    with pytest.raises(ModelError, match="^unsupported: .*assistant models that attend to their target model's KV"):
+        trace(resolve_model(str(tmp_path)), Request(1, 4, 0))   # a 5.24 type: refused on either side the same
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "-m", "cli.inference.text_generate", str(tmp_path / "blt"), "--device",
                           "h100", "--query-length", "64"], cwd=root, capture_output=True, text=True)

@@ -18,6 +18,11 @@ UNMODELLED = {
     "prophetnet": "n-gram prediction streams are not modelled: ProphetNet's decoder predicts several future tokens "
                   "per step, and transformers runs it over a KV cache only one token at a time, so a prompt over "
                   "cached tokens has no forward to trace",
+    # transformers 5.24 models/gemma4_unified_assistant/modeling_gemma4_unified_assistant.py: the forward raises
+    # "inputs_embeds and shared_kv_states cannot be None" (the target model's hidden states and KV states)
+    "gemma4_unified_assistant": "assistant models that attend to their target model's KV cache are not modelled: "
+                                "Gemma-4's unified assistant runs on the target's hidden states and shared KV "
+                                "states, not on tokens and a cache of its own, so it has no step of its own to trace",
 }
 
 
