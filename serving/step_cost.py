@@ -85,7 +85,18 @@ class StepCost:
         self._affine_prefill: tuple | None = None   # _prefill_bases(), once asked
         self._attention_kernels = 0
         self._buckets: dict = {}     # power-of-two tokens -> linear seconds
-        self._steady: dict = {}      # steady()'s arguments -> seconds
+        self._steady: dict = {}      # steady()'s arguments -> seconds, at these overheads
+
+    @property
+    def overheads(self) -> ServingOverheads:
+        return self._overheads
+
+    @overheads.setter
+    def overheads(self, value: ServingOverheads) -> None:
+        """A fit tries overheads on the same StepCost (serving/calibrate_serving.py): the remembered steady-state
+        steps were priced with the old ones."""
+        self._overheads = value
+        self._steady = {}
 
     def _trace(self, request: Request):
         """The trace of one step shape; a model with no KV cache has no step a serving engine runs."""

@@ -114,6 +114,9 @@ def test_steady_steps_are_remembered_as_priced(monkeypatch):
     assert [cost.steady(*shape) for shape in shapes] == first == [fresh._steady_step(*shape, 1, 0.0)
                                                                  for shape in shapes]
     assert first[0] > first[1] > 0
+    # new overheads on the same StepCost (a fit tries several): the remembered steps are priced again
+    cost.overheads = replace(cost.overheads, step_us=cost.overheads.step_us + 1000.0)
+    assert cost.steady(*shapes[2]) == pytest.approx(first[2] + 1e-3, rel=1e-9)
 
 
 def test_solve_without_quantiles_keeps_the_means():
