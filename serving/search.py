@@ -249,7 +249,7 @@ class Searcher:
                 hi = mid
             if hi - lo <= 0.005 * hi:
                 break
-        # not even a trickle of load meets the limits: a trickle's numbers
+        # the rate found, solved in full (a trickle's numbers when not even a trickle of load meets the limits)
         return self.mixed(layout, Load(RATE, max(top * 1e-3, 1e-6) if best is None else best))
 
     def best_goodput(self, layout: Layout) -> Candidate:

@@ -107,7 +107,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     ServingOverheads.frontend_ms): requests enter the engine one at a time at that pace. `tokens_per_step`: the
     tokens a decoding request gains per step (speculative decoding's mean accepted tokens, serving/speculative.py;
     `step` then prices a speculative step), 1 otherwise. `quantiles`: the TTFT and TPOT percentiles to compute
-    beside the means (a search comparing means asks for none: inverting the distributions is most of a solve);
+    beside the means (a search comparing means asks for none: inverting the distributions was a third of a solve);
     a finite run walked step by step reports them all."""
     if lengths is not None:
         input_tokens = lengths.mean_input
