@@ -25,7 +25,7 @@ from .capacity import OUTPUT_KV_SHARE, ReplicaMemory
 from .layouts import Layout
 from .lengths import LengthDistribution, fixed_lengths
 from .slo import STATS, LatencyLimits, goodput_estimate
-from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, admitted, solve
+from .steady_state import CONCURRENCY, MAX, QUANTILES, RATE, Limits, Load, SteadyState, admitted, solve
 from .speculative import Speculation, SpeculativeStep, speculative_step
 from .step_cost import StepCost
 
@@ -148,6 +148,13 @@ class Searcher:
             spec, hw, options, workload, settings, limits
         self._costs: dict = {}
 
+    def with_workload(self, workload: Workload) -> "Searcher":
+        """The same deployment searched at another workload, sharing this one's step costs (a step's price does
+        not depend on the workload)."""
+        other = Searcher(self.spec, self.hw, self.options, workload, self.settings, self.limits)
+        other._costs = self._costs
+        return other
+
     # -- one replica -------------------------------------------------------------------------------------------
     def cost(self, layout: Layout) -> StepCost | SpeculativeStep:
         par = layout.parallelism
@@ -170,7 +177,13 @@ class Searcher:
                       mem.state_tokens_per_sequence, mem.attention_kv,
                       OUTPUT_KV_SHARE.get(self.settings.engine, 1.0)), mem
 
-    def replica_state(self, layout: Layout, load: Load) -> tuple[SteadyState, Limits, ReplicaMemory]:
+    @property
+    def _limit_quantiles(self) -> tuple[int, ...]:
+        """The percentiles the limits read (none for means): all a search's probes need."""
+        return () if self.limits.stat == "mean" else (int(self.limits.stat[1:]),)
+
+    def replica_state(self, layout: Layout, load: Load, quantiles: tuple[int, ...] = QUANTILES) \
+            -> tuple[SteadyState, Limits, ReplicaMemory]:
         """The steady state of one virtual engine (a replica, or one pipeline micro-batch stream of it)."""
         limits, mem = self.engine_limits(layout)
         cost = self.cost(layout)
@@ -183,12 +196,15 @@ class Searcher:
         # each engine instance takes its requests in through its own HTTP server
         state = solve(cost.steady, self.w.input_tokens, self.w.output_tokens, self.w.cached_tokens, per_engine,
                       limits, cost.overheads.request_ms * 1e-3, self.w.shared_prefix_kv, self.w.lengths,
-                      cost.overheads.frontend_ms * 1e-3, cost.tokens_per_step)
+                      cost.overheads.frontend_ms * 1e-3, cost.tokens_per_step, quantiles)
         return state, limits, mem
 
-    def mixed(self, layout: Layout, load: Load) -> Candidate:
+    def mixed(self, layout: Layout, load: Load, probe: bool = False) -> Candidate:
+        """The layout at `load`. A `probe` computes only the statistic the limits read (whether they are met, and
+        that statistic, are exact; other percentiles and the goodput are left out): what a search's bisection
+        compares, before the answer is solved in full."""
         cost = self.cost(layout)
-        state, limits, mem = self.replica_state(layout, load)
+        state, limits, mem = self.replica_state(layout, load, self._limit_quantiles if probe else QUANTILES)
         engines = layout.dp * layout.pp
         ttft, tpot, tpot_stats = _ms(state.ttft_s), state.tpot_s * 1e3, _ms(state.tpot_q_s)
         why = self.limits.why_not(ttft, tpot, tpot_stats)
@@ -218,27 +234,25 @@ class Searcher:
 
     def best_rate(self, layout: Layout) -> Candidate:
         """The highest request rate this layout serves within the limits (the saturation rate without limits)."""
-        saturated = self.mixed(layout, Load(RATE, 1e9))
+        # the bisection probes (limits' statistic only); the rate it settles on is solved in full
+        saturated = self.mixed(layout, Load(RATE, 1e9), probe=True)
         top = saturated.request_rate
         if top <= 0 or saturated.why_not and saturated.why_not[0].startswith("memory"):
-            return saturated
+            return self.mixed(layout, Load(RATE, 1e9))
         best = None
         lo, hi = 0.0, top * 0.999
-        at_top = self.mixed(layout, Load(RATE, hi))
-        if at_top.meets_limits:
-            return at_top
+        if self.mixed(layout, Load(RATE, hi), probe=True).meets_limits:
+            return self.mixed(layout, Load(RATE, hi))
         for _ in range(24):
             mid = (lo + hi) / 2
-            c = self.mixed(layout, Load(RATE, mid))
-            if c.meets_limits:
-                best, lo = c, mid
+            if self.mixed(layout, Load(RATE, mid), probe=True).meets_limits:
+                best, lo = mid, mid
             else:
                 hi = mid
             if hi - lo <= 0.005 * hi:
                 break
-        if best is None:      # not even a trickle of load meets the limits
-            return self.mixed(layout, Load(RATE, max(top * 1e-3, 1e-6)))
-        return best
+        # the rate found, solved in full (a trickle's numbers when not even a trickle of load meets the limits)
+        return self.mixed(layout, Load(RATE, max(top * 1e-3, 1e-6) if best is None else best))
 
     def best_goodput(self, layout: Layout) -> Candidate:
         """The request rate with the most goodput (requests/s within every limit): a grid over the rates the
@@ -266,13 +280,15 @@ class Searcher:
 
     # -- disaggregated pools -----------------------------------------------------------------------------------
     def prefill_capacity(self, layout: Layout, ttft_budget_ms: float | None) -> tuple[float, SteadyState]:
-        """Requests/s one prefill instance sustains with its TTFT (queue + prefill + transfer) in budget."""
+        """Requests/s one prefill instance sustains with its TTFT (queue + prefill + transfer) in budget, and its
+        steady state there (TTFT's mean and the limits' statistic)."""
         cost = self.cost(layout)
         limits, _ = self.engine_limits(layout)
 
-        def at(rate: float) -> SteadyState:
+        def at(rate: float) -> SteadyState:   # TTFT's limit statistic only: what the bisection compares
             return solve(cost.steady, self.w.input_tokens, 1, self.w.cached_tokens, Load(RATE, rate), limits,
-                         cost.overheads.request_ms * 1e-3, frontend_s=cost.overheads.frontend_ms * 1e-3)
+                         cost.overheads.request_ms * 1e-3, frontend_s=cost.overheads.frontend_ms * 1e-3,
+                         quantiles=self._limit_quantiles)
 
         top = at(1e9).request_rate * 0.999
         if ttft_budget_ms is None:

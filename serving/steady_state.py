@@ -35,6 +35,7 @@ from .metrics import percentile
 from .step_walk import walk as _walk
 
 RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
+QUANTILES = (50, 90, 99)     # the percentiles of TTFT and TPOT a steady state reports
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_token
 def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load: Load, limits: Limits,
           request_overhead_s: float = 0.0, shared_prefix_kv: bool = False,
           lengths: LengthDistribution | None = None, frontend_s: float = 0.0,
-          tokens_per_step: float = 1.0) -> SteadyState:
+          tokens_per_step: float = 1.0, quantiles: tuple[int, ...] = QUANTILES) -> SteadyState:
     """`step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context)`: seconds of one engine step
     (serving/step_cost.py StepCost.steady). `shared_prefix_kv`: the cached prefix is one prefix every request
     shares, held once in the KV cache rather than once per request (the RFC's default counts it per request).
@@ -105,7 +106,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     serial per-request time of the HTTP server in front of this replica (cost/engines.py
     ServingOverheads.frontend_ms): requests enter the engine one at a time at that pace. `tokens_per_step`: the
     tokens a decoding request gains per step (speculative decoding's mean accepted tokens, serving/speculative.py;
-    `step` then prices a speculative step), 1 otherwise."""
+    `step` then prices a speculative step), 1 otherwise. `quantiles`: the TTFT and TPOT percentiles to compute
+    beside the means (a search comparing means asks for none: inverting the distributions was a third of a solve);
+    a finite run walked step by step reports them all."""
     if lengths is not None:
         input_tokens = lengths.mean_input
         o = max(1.0, lengths.mean_output)
@@ -316,7 +319,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             cells.append((w, m * decode_steps / residence_steps(m), mean, square))
         return cells, (law.queued, law.wait_rate)
 
-    def tpot_quantiles(cells) -> dict:
+    def tpot_quantiles(cells, qs: tuple[int, ...]) -> dict:
         """A request's TPOT: the mean of its O - 1 steps, each drawn from the steps at the batch it decodes in
         (which of them carry a prefill chunk is random), that batch averaged over its life."""
         e = tokens_per_step
@@ -324,9 +327,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         keep = math.sqrt(LIFE_AVERAGE_VARIANCE)
         parts = [(w * v, mean + keep * (m / e - mean), math.sqrt(max(0.0, sq - m * m) / max(1.0, (x - 1) / e)) / e)
                  for w, _, m, sq in cells for v, x in outputs]
-        return {"mean": mean, **normal_mix_quantiles(parts)}
+        return {"mean": mean, **(normal_mix_quantiles(parts, qs) if qs else {})}
 
-    def ttft(n: float, s: float, square: float, poisson: bool, rate: float, admission) -> dict:
+    def ttft(n: float, s: float, square: float, poisson: bool, rate: float, admission, qs: tuple[int, ...]) -> dict:
         """A request waits for the rest of the step under way, for a slot when every slot is taken, for the
         prompts queued ahead (M/G/1 under Poisson arrivals), then for its own prefill step(s), which also carry
         the prompts that arrived with it during the step under way (Poisson). A Poisson arrival more likely
@@ -368,7 +371,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         classes = [(w * v, request_overhead_s + own(x, j)) for w, x in prompts for v, j in others]
         mean = sum(w * c for w, c in classes) / sum(w for w, _ in classes) + biased / 2 + \
             sum(b / th for b, th in waits if b > 0 and th > 0)
-        return {"mean": mean, **ttft_quantiles(classes, biased, waits)}
+        return {"mean": mean, **(ttft_quantiles(classes, biased, waits, qs) if qs else {})}
 
     def feasible(rate: float) -> tuple[bool, str, tuple]:
         if rate * frontend_s > 0.98:    # the server's process cannot take requests in as fast as they come
@@ -400,15 +403,15 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return lo
 
     def result(rate: float, stable: bool, limited: str, ttft_extra: float = 0.0, note: str = "",
-               deterministic: bool = False) -> SteadyState:
+               deterministic: bool = False, qs: tuple[int, ...] = quantiles) -> SteadyState:
         cells, admission = batch(rate, deterministic or not stable or load.kind != RATE)
         running = sum(w * n for w, n, _, _ in cells)
         s = sum(w * m for w, _, m, _ in cells)
         square = sum(w * sq for w, _, _, sq in cells)
         poisson = load.arrival == "poisson" and load.kind == RATE
-        t = ttft(running, s, square, poisson, rate, admission)
+        t = ttft(running, s, square, poisson, rate, admission, qs)
         t = {k: v + ttft_extra + frontend_delay(rate, poisson) for k, v in t.items()}
-        tpot = tpot_quantiles(cells)
+        tpot = tpot_quantiles(cells, qs)
         e2e = {k: v + decode_steps * s for k, v in t.items()}
         queue = admission[0] / admission[1] if admission[0] > 0 and admission[1] > 0 else 0.0
         return SteadyState(stable, rate, running, s, t, s / tokens_per_step, e2e, rate * o,
@@ -467,7 +470,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         # closed loop: R x E2E(R) = C, where R x E2E grows with R; solved by bisection below saturation
         users = load.value
         top = saturation()
-        at_top = result(top * 0.999, True, "load")
+        at_top = result(top * 0.999, True, "load", qs=())
         if top * 0.999 * at_top.e2e_s["mean"] <= users:
             # more users than the engine serves at once: the extra ones wait for a slot
             _, limited, _ = feasible(top * 1.01)
@@ -476,7 +479,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         lo, hi = 0.0, top * 0.999
         while hi - lo > 1e-5 * hi:
             mid = (lo + hi) / 2
-            if mid * result(mid, True, "load").e2e_s["mean"] < users:
+            if mid * result(mid, True, "load", qs=()).e2e_s["mean"] < users:
                 lo = mid
             else:
                 hi = mid

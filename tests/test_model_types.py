@@ -52,3 +52,39 @@ def test_a_trace_without_attention_or_recurrent_ops_is_refused():
     elementwise = Op(name="aten.mul", op_class=OTHER, unit=VECTOR, flops=1.0, bytes_read=1.0, bytes_written=1.0,
                      dtype="bf16", module="model.layers.0.mixer", module_type="Mixer")
     assert "no attention or recurrent op" in context_problems([elementwise], Request(1, 4, 8))[0]
+
+
+def test_unmodelled_types_are_refused_in_plain_words(tmp_path):
+    """BLT and ProphetNet fail inside transformers' forward (an AttributeError, an assertion), Gemma-4's unified
+    assistant (5.24) on inputs a text step does not have: the refusal says what tracecost does not model instead, in
+    one line, before anything is built."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from tracer import ModelError, Request
+    from tracer.unmodelled import UNMODELLED
+    for model_type, what in (("blt", "byte-patch models are not modelled"),
+                             ("prophetnet", "n-gram prediction streams are not modelled")):
+        folder = tmp_path / model_type
+        folder.mkdir()
+        with pytest.raises(ModelError) as refused:
+            _default_trace(model_type, folder, Request(2, 1, 256, decode=True))
+        text = str(refused.value)
+        assert text.startswith("unsupported: ") and what in text and text.endswith(UNMODELLED[model_type])
+        assert "\n" not in text and "Error" not in text and "module '" not in text
+    from tracer.model_source import resolve_model
+    from tracer.trace import trace
+    assistant = {"model_type": "gemma4_unified_assistant", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(assistant))
+    with pytest.raises(ModelError, match="^unsupported: .*assistant models that attend to their target model's KV"):
+        trace(resolve_model(str(tmp_path)), Request(1, 4, 0))   # a 5.24 type: refused on either side the same
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "cli.inference.text_generate", str(tmp_path / "blt"), "--device",
+                          "h100", "--query-length", "64"], cwd=root, capture_output=True, text=True)
+    assert run.returncode == 2 and "byte-patch models are not modelled" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr

@@ -83,6 +83,52 @@ def test_best_rate_is_the_edge_of_the_limits():
     assert not beyond.meets_limits
 
 
+@pytest.mark.parametrize("stat", ["mean", "p90"])
+def test_probes_answer_the_limits_as_the_full_solve_does(stat):
+    """A bisection's probe computes only the limits' statistic; it must meet or miss them exactly as the full
+    solve does, with the same numbers, and the search's answer is the full solve at the rate it settled on."""
+    s = searcher(limits=LatencyLimits(ttft_ms=200, tpot_ms=20, stat=stat))
+    top = s.mixed(Layout(1), Load(RATE, 1e9)).request_rate
+    for share in (0.2, 0.6, 0.9, 0.99):
+        load = Load(RATE, share * top)
+        full, probe = s.mixed(Layout(1), load), s.mixed(Layout(1), load, probe=True)
+        assert set(full.ttft_ms) == {"mean", "p50", "p90", "p99"} and set(probe.ttft_ms) == {"mean", stat}
+        assert probe.meets_limits == full.meets_limits and probe.why_not == full.why_not
+        assert probe.ttft_ms == {k: full.ttft_ms[k] for k in probe.ttft_ms} and probe.tpot_ms == full.tpot_ms
+        assert probe.tpot_stats_ms == {k: full.tpot_stats_ms[k] for k in probe.tpot_stats_ms}
+    best = s.best_rate(Layout(1))
+    again = s.mixed(Layout(1), Load(RATE, best.request_rate))
+    assert best.as_json() == again.as_json() and set(best.ttft_ms) == {"mean", "p50", "p90", "p99"}
+
+
+def test_steady_steps_are_remembered_as_priced(monkeypatch):
+    """A search asks StepCost.steady for the same step many times: the remembered value is the priced one, and the
+    memory is bounded."""
+    import serving.step_cost as step_cost
+    s = searcher()
+    cost, fresh = s.cost(Layout(1)), searcher().cost(Layout(1))
+    monkeypatch.setattr(step_cost, "STEADY_MEMO", 2)
+    shapes = [(12.5, 700.0, 1000, 0.0, 1064.0), (3.0, 0.0, 1000, 0.0, 1064.0), (40.25, 1500.0, 1000, 250.0, 1064.0)]
+    first = [cost.steady(*shape) for shape in shapes]
+    assert len(cost._steady) <= 2
+    assert [cost.steady(*shape) for shape in shapes] == first == [fresh._steady_step(*shape, 1, 0.0)
+                                                                 for shape in shapes]
+    assert first[0] > first[1] > 0
+    # new overheads on the same StepCost (a fit tries several): the remembered steps are priced again
+    cost.overheads = replace(cost.overheads, step_us=cost.overheads.step_us + 1000.0)
+    assert cost.steady(*shapes[2]) == pytest.approx(first[2] + 1e-3, rel=1e-9)
+
+
+def test_solve_without_quantiles_keeps_the_means():
+    limits = Limits(max_num_seqs=64, max_batched_tokens=2048, kv_tokens=10**6)
+    for load in (Load(RATE, 6.0), Load(RATE, 1000.0), Load(CONCURRENCY, 8), Load(MAX)):
+        full, means = solve(fake_step, 500, 101, 0, load, limits), solve(fake_step, 500, 101, 0, load, limits,
+                                                                          quantiles=())
+        assert full.ttft_s["p99"] > full.ttft_s["p50"] and set(means.ttft_s) == {"mean"}
+        assert means.ttft_s["mean"] == full.ttft_s["mean"] and means.tpot_s == full.tpot_s
+        assert means.request_rate == full.request_rate and means.running == full.running
+
+
 def test_layouts_cover_pp_ep_and_attention_dp():
     dense = layouts(8, 32, 0, LayoutSpace(pp_sizes=(1, 2)))
     assert Layout(8, 1, 1) in dense and Layout(4, 2, 1) in dense and Layout(1, 1, 8) in dense

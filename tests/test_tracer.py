@@ -264,3 +264,18 @@ def test_remote_code_runs_only_with_the_flag(tmp_path):
     except ModelError:
         pass  # building the model may still need modeling code this folder lacks; the config code ran
     assert marker.exists()
+
+
+def test_tracing_leaves_the_config_as_given_and_builds_once():
+    """transformers' from_dict writes into nested config dicts (rope_scaling); the spec's own config must not change,
+    or the next trace of the same model builds it again and keys its traces apart."""
+    import copy
+
+    from tracer import build
+    spec = resolve_model("llama-3.1-8b")
+    assert spec.config.get("rope_scaling")                   # the nested dict transformers rewrites
+    given = copy.deepcopy(spec.config)
+    trace(spec, Request(1, 1, 7, decode=True))
+    builds = len(build._BUILD_CACHE)
+    trace(spec, Request(1, 7, 0))
+    assert spec.config == given and len(build._BUILD_CACHE) == builds

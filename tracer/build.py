@@ -1,17 +1,21 @@
 """Build the real HF model class from a config on the meta device, and group its identical layers."""
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
 from . import attention, compat, experts, mla, patches  # noqa: F401
 from .layers import DecoderLayers, install
 from .model_source import ModelError, ModelSpec
+from .module_tree import ModuleTree
+from .unmodelled import refusal
 
 IMPLEMENTATION = attention.IMPLEMENTATION_NAME
 
@@ -38,6 +42,11 @@ class BuiltModel:
     def layer_groups(self) -> list[list[int]]:
         return self.layers.traced_groups()
 
+    @cached_property
+    def tree(self) -> ModuleTree:
+        """The module tree, walked once (tracer/module_tree.py)."""
+        return ModuleTree(self.model)
+
 
 def _expert_tensors(module: torch.nn.Module) -> bool:
     down = getattr(module, "down_proj", None)
@@ -60,7 +69,9 @@ def active_params(model: torch.nn.Module, config) -> int:
 def make_config(spec: ModelSpec, trust_remote_code: bool):
     """The config object, built from the dict the way transformers loads a config.json (`from_dict`)."""
     from transformers import CONFIG_MAPPING, AutoConfig
-    fields = dict(spec.config)
+    # a deep copy: from_dict writes into nested dicts (transformers 5 adds rope_theta to rope_scaling), and a
+    # changed spec.config keys the next build and trace of the same model apart (a second build per search)
+    fields = copy.deepcopy(spec.config)
     model_type = fields.get("model_type")
     if model_type not in CONFIG_MAPPING:
         if "auto_map" in fields and not trust_remote_code:
@@ -189,6 +200,9 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
         built = _BUILD_CACHE[key]
         built.layers.active = dedup_layers
         return built
+    why = refusal(spec.config.get("model_type"))
+    if why:
+        raise ModelError(f"unsupported: {spec.name}: {why}")
     config = make_config(spec, trust_remote_code)
     if mla_form not in mla.FORMS:
         raise ModelError(f"unknown MLA form '{mla_form}' (choose from {', '.join(mla.FORMS)})")

@@ -79,7 +79,7 @@ def _text_scope(built: BuiltModel) -> tuple[str | None, str | None]:
     if not built.multimodal:
         return None, None
     model = built.model
-    paths = {id(m): n for n, m in model.named_modules()}
+    paths = built.tree.paths
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return paths.get(id(decoder)), paths.get(id(head))
@@ -95,7 +95,7 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
     from .build import _expert_tensors
     model, layers = built.model, built.layers
     decoder_path, head_path = _text_scope(built)
-    paths = {id(m): n for n, m in model.named_modules()}
+    paths, modules = built.tree.paths, built.tree.by_path
 
     def in_scope(path: str) -> bool:
         if decoder_path is None:
@@ -105,7 +105,7 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
     layer_re = re.compile(r"^" + re.escape(layers.path) + r"\.(\d+)\.(.*)$")
     names: dict[int, list[str]] = {}
     by_name = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
+    for name, p in built.tree.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
         by_name[name] = p
     params = {id(p): p for p in by_name.values()}
@@ -152,7 +152,7 @@ def flop_identity(built: BuiltModel, params_read: dict[int, set], param_rows: di
                 if not classes and p.dim() == 2:
                     unread += p.numel()
                 continue
-            owner = model.get_submodule(path) if path else model
+            owner = modules[path] if path else model
             seen = param_rows.get(rid, [])
             rows = float(tokens)
             if (expert_params or {}).get(rid):  # read by a routed-experts op: top_k of its E experts

@@ -18,6 +18,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import op_formulas
 from .inline_attention import InlineAttention
+from .module_tree import ModuleTree
 from .work import (FUSION_ACTIVATION, FUSION_CAST, FUSION_NORM, FUSION_RESIDUAL, FUSION_ROTARY, GEMM,
                    OTHER, AttentionWork, ExpertsWork, GemmShape, Op, StateWork)
 
@@ -102,7 +103,8 @@ def _tp_sharded(module_path: str, module_type: str) -> bool:
 
 
 class Recorder(TorchDispatchMode):
-    def __init__(self, model: torch.nn.Module, layer_path: str = "model.layers"):
+    def __init__(self, model: torch.nn.Module, layer_path: str = "model.layers", tree: ModuleTree | None = None):
+        """`tree`: the model's module tree when already walked (tracer/module_tree.py; walked here otherwise)."""
         super().__init__()
         # the decoder layer list's path: ops under `<layer_path>.<i>` belong to layer i
         self._layer_re = re.compile(r"^" + re.escape(layer_path) + r"\.(\d+)(?:\.|$)")
@@ -130,18 +132,18 @@ class Recorder(TorchDispatchMode):
         self._last_roots: list = []
         self.weight_role: str | None = None  # the role of the weights the next GEMMs multiply (weight_formats)
         self._owner = WeakIdKeyDictionary()  # parameter -> the module path that holds it
-        for name, p in model.named_parameters():
+        tree = tree or ModuleTree(model)
+        for name, p in tree.named_parameters():
             self._owner[p] = name.rsplit(".", 1)[0] if "." in name else ""
-        for p in model.parameters():
             self._params[p] = True
             self._weight_of[p] = p
-        for b in model.buffers():
+        for b in tree.buffers():
             self._buffers[b] = True
             self._weight_of[b] = b
         # two process-wide module hooks, not two per module: registering a thousand hooks cost more than the
         # forward itself (a DeepSeek-V3 step); they run before each module's own hooks, as the per-module ones
         # registered here first did
-        self._names = {id(mod): (name, type(mod).__name__) for name, mod in model.named_modules()}
+        self._names = {id(mod): (name, type(mod).__name__) for name, mod in tree.modules}
         self._hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(self._push_hook))
         self._hooks.append(torch.nn.modules.module.register_module_forward_hook(self._pop_hook))
 

@@ -1,6 +1,8 @@
 """Trace one forward step of a model for a request: the entry point of the tracer."""
 from __future__ import annotations
 
+import functools
+import gc
 import json
 import time
 import warnings
@@ -51,13 +53,22 @@ def checkpoint_formats_for(spec: ModelSpec, options: TraceOptions, from_config: 
 _TRACE_CACHE: OrderedDict = OrderedDict()
 
 
+_PREPARED: list = []     # [True] once prepare() has run in this process
+
+
 def prepare() -> None:
-    """Version checks, imports and registrations: done once, outside the timed trace."""
+    """Version checks, imports and registrations: done once, outside the timed trace. The objects torch and
+    transformers create on import live as long as the process; once imported they are frozen out of the cyclic
+    garbage collector (gc.freeze), which would otherwise walk all of them on every full collection (about a fifth
+    of a second each, several per search)."""
     from . import attention, compat, experts
     compat.check_versions()
     attention.register()
     experts.register()
-    import transformers.models.auto.modeling_auto  # noqa: F401  (heavy import, not tracing work)
+    if not _PREPARED:
+        import transformers.models.auto.modeling_auto  # noqa: F401  (heavy import, not tracing work)
+        gc.freeze()
+        _PREPARED.append(True)
 
 
 def trace(model: str | ModelSpec, request: Request, options: TraceOptions = TraceOptions()) -> Trace:
@@ -156,10 +167,11 @@ def _remember(key, result: Trace) -> None:
         _TRACE_CACHE.popitem(last=False)
 
 
-def _output_module(model) -> str | None:
+def _output_module(built: BuiltModel) -> str | None:
     """The path of the module producing the logits (lm_head), if the model has one."""
+    model = built.model
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return next((name for name, m in model.named_modules() if m is head), None) if head is not None else None
+    return built.tree.paths.get(id(head)) if head is not None else None
 
 
 def _stored_bytes(built: BuiltModel, formats: CheckpointFormats | None, unquantized: str, key: tuple) -> float:
@@ -179,7 +191,7 @@ def stored_weight_bytes(built: BuiltModel, formats: CheckpointFormats | None, un
     plain = DTYPE_BYTES[unquantized]
     if formats is None:
         return built.params * plain
-    head = _output_module(built.model)
+    head = _output_module(built)
     total, seen = 0.0, set()
     for name, module in built.model.named_modules():
         for p in module.parameters(recurse=False):
@@ -316,11 +328,19 @@ def _padding_mask(model, batch: int, length: int) -> dict:
     if "attention_mask" not in inspect.signature(model.forward).parameters:
         return {}
     owners = {type(model)} | {type(m) for m in model.children()}
-    try:
-        needs = any(_reads_mask_shape_unguarded(inspect.getsource(cls.forward)) for cls in owners)
-    except (OSError, TypeError, SyntaxError):
-        needs = False
+    needs = any(_forward_reads_mask_shape(cls) for cls in owners)
     return {"attention_mask": torch.ones(batch, length, dtype=torch.long, device="meta")} if needs else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_reads_mask_shape(cls: type) -> bool:
+    """_reads_mask_shape_unguarded of a class's forward, parsed once per class (each trace asks); False where its
+    source cannot be read."""
+    import inspect
+    try:
+        return _reads_mask_shape_unguarded(inspect.getsource(cls.forward))
+    except (OSError, TypeError, SyntaxError):
+        return False
 
 
 def _reads_mask_shape_unguarded(source: str) -> bool:
@@ -369,7 +389,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
     batch, q_len, context = request.num_queries, request.query_length + image_tokens, request.context_length
     prompt = _soft_prompt(built)  # the first step computes the soft prompt too; later steps find it cached
     cached, rows = (context + prompt, q_len) if context > 0 else (0, q_len + prompt)
-    recorder = Recorder(built.model, built.layers.path)
+    recorder = Recorder(built.model, built.layers.path, built.tree)
     recorder.context_length = cached
     recorder.kv_element_size = kv_element_size
     recorder.moe_imbalance = options.moe_imbalance
@@ -412,7 +432,7 @@ def _run(built: BuiltModel, request: Request, options: TraceOptions, kv_element_
         recorder.close()
     raw_ops = recorder.finish()
     unquantized = options.dtype if options.dtype in TORCH_DTYPE_NAMES else "bf16"
-    ops = assign_formats(raw_ops, formats, built.layers.path, built.layer_groups, _output_module(built.model),
+    ops = assign_formats(raw_ops, formats, built.layers.path, built.layer_groups, _output_module(built),
                          unquantized)
     run = Run(ops=ops, unformulated=dict(recorder.unformulated), query_length=rows, image_tokens=image_tokens,
               notes=[vision_note] if vision_note else [], cached_prompt=cached - context)

@@ -219,7 +219,7 @@ def optimize(args, on_progress=None) -> dict:
         ranked = rank(candidates, args.objective)
     feasible = [c for c in ranked if (c.goodput > 0 if args.objective == "goodput" else c.meets_limits)]
     price = gpu_price(hw, args.gpu_hour_price)
-    points = pareto_points(searcher, candidates, load, shapes, settings, limits, spec, hw, options)
+    points = pareto_points(searcher, candidates, load, shapes, limits)
     origin = searcher.cost(plan[0]).origin
     result = {
         "model": spec.name, "device": hw.name, "num_devices": num_devices, "origin": origin.as_json(),
@@ -301,8 +301,8 @@ def rank(candidates: list[Candidate], objective: str) -> list[Candidate]:
     return sorted(candidates, key=lambda c: (not c.meets_limits, -c.output_tokens_per_s))
 
 
-def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, shapes: ServingShapes, settings,
-                  limits, spec, hw, options) -> list[ParetoPoint]:
+def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, shapes: ServingShapes,
+                  limits: LatencyLimits) -> list[ParetoPoint]:
     """Every candidate, plus (when searching for the best rate) each mixed layout at lower loads, where users
     get faster tokens for less throughput per GPU; with a hit rate, the same layouts without prefix hits."""
     def point(c: Candidate, rate: float | None) -> ParetoPoint:
@@ -314,13 +314,13 @@ def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, s
         return points
     mixed = [c for c in candidates if c.mode == MIXED and c.meets_limits]
     for c in mixed:
-        points += [point(searcher.mixed(c.layout, Load(RATE, c.request_rate * f)), rate) for f in SWEEP]
+        points += [point(searcher.mixed(c.layout, Load(RATE, c.request_rate * f), probe=True), rate) for f in SWEEP]
     if rate is not None:
-        cold = Searcher(spec, hw, options, Workload(shapes.input_length, shapes.output_length, 0), settings, limits)
+        cold = searcher.with_workload(Workload(shapes.input_length, shapes.output_length, 0))
         for c in mixed:
             best = cold.best_rate(c.layout)
-            points += [point(best, 0.0)] + [point(cold.mixed(c.layout, Load(RATE, best.request_rate * f)), 0.0)
-                                            for f in SWEEP]
+            points += [point(best, 0.0)] + [point(cold.mixed(c.layout, Load(RATE, best.request_rate * f), probe=True),
+                                                  0.0) for f in SWEEP]
     return points
 
 
