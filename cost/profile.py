@@ -216,6 +216,8 @@ def with_topology(profile: HardwareProfile, name: str) -> HardwareProfile:
 def with_power_cap(profile: HardwareProfile, watts: float) -> HardwareProfile:
     """The profile with its board power capped at `watts` (`nvidia-smi -pl`, MLPerf's MaxQ systems): dense matrix
     work slows as cost/power.py `capped_matrix_clock` says; memory-bound kernels keep their clock."""
+    if "@" in profile.key:
+        raise ProfileError(f"{profile.key} already names its power cap")
     try:
         clock = capped_matrix_clock(profile.matrix_clock, profile.board_w, watts, profile.name)
     except ValueError as e:
@@ -350,7 +352,7 @@ def profile_names() -> list[str]:
 
 
 _CACHE: dict[str, HardwareProfile] = {}
-_POWER_CAP = re.compile(r"(?P<base>.+)@(?P<watts>\d+(?:\.\d+)?)[wW]")      # "h200@500W": a board power cap
+_POWER_CAP = re.compile(r"(?P<base>[^@]+)@(?P<watts>\d+(?:\.\d+)?)[wW]")      # "h200@500W": a board power cap
 _ENGINE_CACHE: dict[str, dict[str, EngineCalibration]] = {}
 
 
@@ -359,8 +361,11 @@ def load_profile(device: str, seen: tuple = ()) -> HardwareProfile:
     takes one of its named topologies."""
     if device in _CACHE:
         return _CACHE[device]
-    capped = _POWER_CAP.fullmatch(device)
-    if capped and not Path(device).is_file():
+    if "@" in device and not Path(device).is_file():
+        capped = _POWER_CAP.fullmatch(device)
+        if capped is None:
+            raise ProfileError(f"'{device}': a board power cap is written DEVICE[:TOPOLOGY]@WATTSW, as in h200@500W "
+                               f"or h100:hgx4@600W")
         _CACHE[device] = with_power_cap(load_profile(capped["base"], seen), float(capped["watts"]))
         return _CACHE[device]
     base, _, topology = device.rpartition(":") if ":" in device and not Path(device).is_file() else (device, "", "")

@@ -179,6 +179,9 @@ def test_power_cap_scales_the_matrix_clock_in_proportion():
     ("h200@200W", "a 200 W cap on NVIDIA H200 SXM: give 350-700 W"),
     ("h200@900W", "a 900 W cap on NVIDIA H200 SXM: give 350-700 W"),
     ("rtx4090@300W", "states no board power"),
+    ("h200@500", "a board power cap is written DEVICE"),
+    ("h200@500W@400W", "a board power cap is written DEVICE"),
+    ("h200@abcW", "a board power cap is written DEVICE"),
 ])
 def test_power_cap_outside_the_law_is_refused(device, error):
     with pytest.raises(ProfileError, match=error):
