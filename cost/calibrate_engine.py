@@ -13,7 +13,7 @@ import numpy as np
 
 from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
                              PrefillAttentionParams, StreamParams, quant_time)
-from .kernel_db import KernelTable
+from .kernel_db import COLLECTORS, Collector, KernelTable
 from .kernel_rows import group_rows, price_group
 from .profile import HardwareProfile
 
@@ -81,6 +81,7 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     """Fit every kernel model the tables cover (or the tables named in `only`, keeping `base` for the rest);
     `base` also supplies starting points and the sections no table covers."""
     rng = np.random.default_rng(seed + 1)
+    collector = COLLECTORS.get(engine, Collector())
     cal = EngineCalibration(engine=engine, origin=origin, release=release)
     say = progress or (lambda message: None)
     if only is not None:
@@ -115,6 +116,10 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
             rows = [t.rows[i] for i in fit_index]
             start = _start(key, base)
             fresh = start.defaults_keeping_data()   # a restart from the defaults on the same kernel
+            if key[0] == "gemm" and key[1] in collector.host_issued_gemm:
+                # the host's issue time binds only where it is above the device's: start it at the floor
+                floor = float(np.percentile(t.seconds[fit_index], 10)) * 1e6
+                start, fresh = (replace(s, host_us=s.host_us or floor) for s in (start, fresh))
             params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
                                        t.seconds[fit_index], restarts=() if fresh == start else (fresh,))
             _store(sections, key, params)
