@@ -117,8 +117,10 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
             start = _start(key, base)
             fresh = start.defaults_keeping_data()   # a restart from the defaults on the same kernel
             if key[0] == "gemm" and key[1] in collector.host_issued_gemm:
-                # the host's issue time binds only where it is above the device's: start it at the floor
+                # the host's issue time binds only where it is above the device's: start it at the floor; a
+                # previous fit without it put that floor into the device terms, so it is no start
                 floor = float(np.percentile(t.seconds[fit_index], 10)) * 1e6
+                start = start if start.host_us > 0.0 else fresh
                 start, fresh = (replace(s, host_us=s.host_us or floor) for s in (start, fresh))
             params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
                                        t.seconds[fit_index], restarts=() if fresh == start else (fresh,))
