@@ -84,8 +84,8 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     collector = COLLECTORS.get(engine, Collector())
     cal = EngineCalibration(engine=engine, origin=origin, release=release)
     say = progress or (lambda message: None)
-    if only is not None:
-        tables = {name: t for name, t in tables.items() if name in only}
+    if only is not None:   # a table (moe) or one format's group of it (moe/bf16)
+        tables = {name: t for name, t in tables.items() if name in only or any(o.startswith(f"{name}/") for o in only)}
 
     if "quant" in tables:
         t = tables["quant"]
@@ -111,7 +111,7 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
         keep = split(len(t.rows), seed, fraction)
         for key, index in _groups(t).items():
             fit_index = _subset(index[keep[index]], rng)
-            if len(fit_index) < 8:
+            if len(fit_index) < 8 or (only is not None and name not in only and f"{name}/{key[-1]}" not in only):
                 continue
             rows = [t.rows[i] for i in fit_index]
             start = _start(key, base)

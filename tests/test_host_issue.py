@@ -40,3 +40,28 @@ def test_small_block_fp8_gemms_take_the_tables_host_floor_but_not_in_a_model_ste
     m, n, k = (np.array([getattr(r, a) for r in rows]) for a in "mnk")
     step = gemm_rows_time(cal, hw, "fp8_block", m, n, k, True, model_step=True).seconds
     assert np.all(step < 0.5 * measured), step / measured   # a CUDA graph replay hides the host's time
+
+
+def test_the_fit_recovers_a_host_floor_and_refits_only_the_format_named():
+    from dataclasses import replace
+
+    from cost.calibrate_engine import calibrate
+    from cost.kernel_db import KernelTable
+    from cost.kernel_rows import GemmRow
+    hw = load_profile("b200")
+    base = hw.engine("vllm")
+    truth = replace(base.gemm["fp8_block"], host_us=250.0, host_unaligned_us=100.0)
+    rng = np.random.default_rng(0)
+    shapes = [(int(m), int(n), int(k)) for m, n, k in zip(rng.choice([1, 3, 8, 17, 64, 129, 512, 2048, 8192], 160),
+                                                         rng.choice([96, 1024, 4096, 7168, 16384], 160),
+                                                         rng.choice([64, 512, 2048, 7168], 160))]
+    rows = [GemmRow(m, n, k, "fp8_block") for m, n, k in shapes] + [GemmRow(m, n, k, "fp8") for m, n, k in shapes]
+    m, n, k = (np.array([s[i] for s in shapes]) for i in range(3))
+    block = gemm_rows_time(base, hw, "fp8_block", m, n, k, False, params=truth).seconds
+    fp8 = gemm_rows_time(base, hw, "fp8", m, n, k, False).seconds * 1.3   # what a refit of fp8 would move
+    tables = {"gemm": KernelTable("gemm", "synthetic", rows, np.concatenate([block, fp8]))}
+    cal = calibrate(tables, hw, "vllm", "test fit", fraction=0.7, base=replace(base, gemm={
+        **base.gemm, "fp8_block": replace(base.gemm["fp8_block"], host_us=0.0)}), only={"gemm/fp8_block"})
+    assert cal.gemm["fp8"] == base.gemm["fp8"]                    # not named: kept
+    fitted = cal.gemm["fp8_block"]
+    assert abs(fitted.host_us - 250.0) < 25.0 and abs(fitted.host_unaligned_us - 100.0) < 25.0, fitted
