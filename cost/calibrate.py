@@ -307,7 +307,8 @@ def main(argv=None) -> int:
     p.add_argument("--fit-fraction", type=float, default=0.5, help="share of each table used to fit (default 0.5)")
     p.add_argument("--only", default=None, metavar="T1,T2",
                    help="with --kernel-db: refit only these tables (gemm, prefill_attention, decode_attention, moe, "
-                        "custom_allreduce, nccl, quant), keeping the profile's other fits")
+                        "custom_allreduce, nccl, quant) or one format of one (moe/bf16), keeping the profile's "
+                        "other fits")
     p.add_argument("--output", default=None, help="where to write the calibrated profile (default: a new file "
                                                   "calibrated-PROFILE-SECTION.json)")
     p.add_argument("--write-profile", action="store_true",

@@ -24,7 +24,7 @@ def gemm_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Ru
     fused = fmt.kernel in ENGINES[cal.engine].fused_activation_quant
     # a batched GEMM (MLA's per-head absorption) has a weight per batch entry: as wide as all of them
     return _kernel_time(gemm_rows_time(cal, hw, fmt.kernel, g.m, g.n * max(1, g.batch), g.k, True, quant_fused=fused,
-                                       weight_bytes=fmt.weight_bytes))
+                                       weight_bytes=fmt.weight_bytes, model_step=True))
 
 
 def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:

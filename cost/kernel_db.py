@@ -122,6 +122,7 @@ class Collector:
     step_keys_until: str | None = None     # decode rows attend `step` keys before this version (step + 1 after)
     gated_relu2_until: str | None = None   # MoE layers of relu^2 models were built gated before this version
     single_rank_ep: bool = True            # expert-parallel MoE rows time what one serving rank runs
+    host_issued_gemm: tuple = ()           # GEMM formats timed as calls the host issues, not graph replays
 
     def keys_after_step(self, version: str) -> bool:
         return not _before(version, self.step_keys_until)
@@ -135,7 +136,9 @@ def _before(version: str, first: str | None) -> bool:
 
 
 COLLECTORS = {
-    "vllm": Collector(step_keys_until="0.22", gated_relu2_until="0.17"),
+    # vLLM's block-fp8 rows take 60-300 us for any small GEMM (57-172 us on Hopper, 160-300 us on Blackwell,
+    # Grace hosts the slowest), 10-50x its fp8 rows of the same shape: the host's time to issue the Python op
+    "vllm": Collector(step_keys_until="0.22", gated_relu2_until="0.17", host_issued_gemm=("fp8_block",)),
     # SGLang's expert-parallel rows feed only the tokens that reach rank 0 and compute their remote slots on
     # expert 0, work no serving rank does
     "sglang": Collector(gated_relu2_until="0.5.14", single_rank_ep=False),

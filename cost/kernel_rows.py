@@ -22,7 +22,8 @@ from dataclasses import MISSING, dataclass, fields
 import numpy as np
 
 from .engine_kernels import (ROUTINGS, EngineCalibration, Times, allreduce_time, decode_attention_time, gemm_time,
-                             moe_time, nearest_curve, prefill_attention_time, quant_time, routing_stats)
+                             host_issue_s, moe_time, nearest_curve, prefill_attention_time, quant_time, routing_stats)
+from .engine_kernels.common import soft_max
 from .profile import HardwareProfile, ProfileError
 
 GEMM_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
@@ -163,22 +164,28 @@ def _need(table: dict, key: str, what: str, cal: EngineCalibration):
 
 
 def gemm_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, m, n, k, cold, params=None,
-                   quant_fused: bool = False, weight_bytes: float | None = None) -> Times:
+                   quant_fused: bool = False, weight_bytes: float | None = None, model_step: bool = False) -> Times:
     """`quant_fused`: the activations arrive quantized (an engine fusing it into the previous kernel), so
     the quantization passes the tables time with the GEMM are left out. `weight_bytes`: the stored width when
-    it differs from the kernel's own (a weight-only GEMM: the bf16 kernel streaming 8- or 4-bit weights)."""
+    it differs from the kernel's own (a weight-only GEMM: the bf16 kernel streaming 8- or 4-bit weights).
+    `model_step`: the call runs inside a model step (a CUDA graph replay), where the host's time to issue it
+    (`host_us`, timed by tables that call it outside a graph) is hidden."""
     stored, compute_dtype, quant_bytes = WEIGHT_FORMATS[dtype]
     weight_bytes = stored if weight_bytes is None else weight_bytes
     p = params or _need(cal.gemm, dtype, "GEMM format", cal)
     copies = np.where(cold, 0.0, TABLE_WEIGHT_COPIES.get(dtype, 1))
     t = gemm_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, hw.l2_bytes, m, n, k,
                   act_bytes=quant_bytes or 2.0, weight_bytes=weight_bytes, resident_weight_copies=copies)
-    if quant_bytes is None or quant_fused:
+    if quant_bytes is not None and not quant_fused:
+        q = quant_time(cal.quant, hw.bandwidth, hw.l2_bytes, m, k, quant_bytes=quant_bytes)
+        passes = p.quant_passes
+        t = Times(t.seconds + passes * q.seconds, t.compute_s, t.memory_s + passes * q.memory_s,
+                  t.fixed_s + passes * q.fixed_s)
+    if model_step:
         return t
-    q = quant_time(cal.quant, hw.bandwidth, hw.l2_bytes, m, k, quant_bytes=quant_bytes)
-    passes = p.quant_passes
-    return Times(t.seconds + passes * q.seconds, t.compute_s, t.memory_s + passes * q.memory_s,
-                 t.fixed_s + passes * q.fixed_s)
+    # the host issues the GEMM and its quantization kernels; the device's work overlaps that time
+    wait = soft_max(t.seconds, host_issue_s(p, m, n, k), p.host_overlap) - t.seconds
+    return Times(t.seconds + wait, t.compute_s, t.memory_s, t.fixed_s + wait)
 
 
 def attention_model(table: dict, kv_dtype: str, windowed: bool, what: str, cal: EngineCalibration):

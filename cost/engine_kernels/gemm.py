@@ -10,6 +10,13 @@ set of tiles and splits, each priced as waves of CTAs over the compute units:
 
 Weight formats with a dynamically quantized activation (fp8, fp8_block, nvfp4) add the quantization
 kernel (`stream.quant_time`), as engines run it and as the kernel tables time it.
+
+A call the host issues outside a CUDA graph takes at least the host's time to issue it (`host_issue_s`);
+the GPU's work overlaps it, so a table row is soft_max(device time, host time) (`host_overlap`).
+AIConfigurator 0.12's vLLM block-fp8 rows are such calls: 160-300 us on Blackwell (B200's x86 hosts ~165
+us, GB200 / GB300's Grace ~290 us) for GEMMs of 3-30 us on the GPU, the same floor for every n and k. In a
+model step the engine replays CUDA graphs (or runs ahead of the GPU), so that time is hidden, not priced
+(`kernel_rows.gemm_rows_time(model_step=True)`).
 """
 from __future__ import annotations
 
@@ -27,6 +34,11 @@ TILES = np.array([(128, 256), (256, 128), (128, 128), (64, 256), (64, 128), (128
 SPLITS = np.array([1, 2, 4, 8, 16], dtype=float)
 K_STEP = 64
 _REFERENCE_REUSE = 128 * 256 / (128 + 256)  # operand reuse of the largest tile
+# vLLM's block-fp8 linear runs DeepGEMM where N % 64 == 0 and K % 128 == 0, CUTLASS otherwise
+# (vllm/utils/deep_gemm.py should_use_deepgemm_for_fp8_linear; the tables' kernel_source column agrees
+# on every row); DeepGEMM's fp32 activation scales are laid out with M padded to the TMA alignment of
+# 16 bytes (get_tma_aligned_size), 4 rows
+DEEPGEMM_N, DEEPGEMM_K, SCALE_ROW_ALIGN = 64, 128, 4
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,22 @@ class GemmParams(ParamSet):
     boost_us: float = param(2000.0, 10.0, 50000.0, "how long a kernel runs at boost clocks, us")
     row_ns: float = param(0.0, 0.0, 100.0, "per output row, serial (scale epilogues), ns")
     quant_passes: float = param(1.0, 0.0, 4.0, "activation quantization kernels per call (quantized formats)")
+    host_us: float = param(0.0, 0.0, 1000.0, "host time to issue one call outside a CUDA graph (the engine's "
+                           "Python op: dispatch, quantization and scale-layout launches), which the GPU's work "
+                           "overlaps; hidden in a model step (CUDA graphs). 0: the tables time graph replays, us")
+    host_unaligned_us: float = param(0.0, 0.0, 1000.0, "extra host time of a DeepGEMM call whose M is not a "
+                                     "multiple of the scales' 4-row TMA alignment (the padded scale buffer "
+                                     "and its copy), us")
+    host_overlap: float = param(4.0, 1.0, 10.0, "p of the soft max of host and device time: how much of the "
+                                "device's work hides under the host's (1: none, serial; large: all)")
+
+
+def host_issue_s(p: GemmParams, m, n, k) -> np.ndarray:
+    """Seconds the host takes to issue one call outside a CUDA graph (0 where the tables time graphs)."""
+    m, n, k = arrays(m, n, k)
+    deepgemm = (n % DEEPGEMM_N == 0) & (k % DEEPGEMM_K == 0)
+    unaligned = deepgemm & (m % SCALE_ROW_ALIGN != 0)
+    return (p.host_us + unaligned * p.host_unaligned_us) * 1e-6
 
 
 def gemm_time(p: GemmParams, compute_units: int, peak_flops: float, bandwidth: float, l2_bytes: float,

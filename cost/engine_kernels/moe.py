@@ -32,7 +32,7 @@ class MoeParams(ParamSet):
     compute: float = param(0.7, 0.05, 1.0, "fraction of the matrix peak of the largest row tile")
     tile_sensitivity: float = param(0.3, 0.0, 3.0, "efficiency loss of smaller row tiles")
     wide_expert: float = param(0.0, 0.0, 2.0, "efficiency loss per doubling of the local expert width beyond "
-                               "4096 (long down-projection K loops; B200's Triton kernels)")
+                               "4096 (long down-projection K loops; B200's Triton kernels)", starts=(0.4,))
     k_latency_ns: float = param(1.0, 0.0, 20.0, "ns per K element of one tile's loop when latency-bound")
     memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth streaming expert weights")
     large_tile_memory: float = param(1.0, 0.05, 1.0, "the streaming rate, relative to `memory`, once the kernel "
