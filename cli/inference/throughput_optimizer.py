@@ -30,7 +30,6 @@ from serving.dollars import NO_PRICE, GpuPrice, gpu_price
 from serving.steady_state import Load
 from serving.verify import simulate_candidate, simulate_disagg_candidate
 from serving.workload import ARRIVALS
-from tracer.model_source import bundled_models
 from tracer.trace import trace
 from tracer.work import Request
 
@@ -42,7 +41,8 @@ from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, 
 from ..progress import Progress
 from .config import InputError
 from .optimizer_table import render
-from .launch_commands import LAUNCHERS, Disaggregation, Role, ServingLayout, SpeculativeLaunch, launch_command
+from .candidate_launch import serving_layout
+from .launch_commands import LAUNCHERS, launch_command
 from .pareto import ParetoPoint, by_hit_rate, frontier, plot
 from .shapes import ServingShapes, load_hit_rate_distribution
 
@@ -322,52 +322,6 @@ def pareto_points(searcher: Searcher, candidates: list[Candidate], load: Load, s
             points += [point(best, 0.0)] + [point(cold.mixed(c.layout, Load(RATE, best.request_rate * f), probe=True),
                                                   0.0) for f in SWEEP]
     return points
-
-
-def serving_layout(args, c: Candidate, experts: int, hw, spec, longest: int) -> ServingLayout:
-    """The candidate as launch flags: sizes per replica, the engine's limits the search assumed."""
-    lay = c.layout
-    if lay.ep > 1 and lay.ep not in (lay.tp, lay.tp * lay.dp):
-        warn(f"EP {lay.ep} with TP {lay.tp} has no launch flag in these engines; the command uses EP = TP")
-    ep = lay.ep if lay.ep in (lay.tp, lay.tp * lay.dp) else (lay.tp if lay.ep > 1 else 0)
-    fraction = args.gpu_memory_utilization or ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb,
-                                                                                    hw.name).memory_fraction
-    disagg = None
-    if c.mode == DISAGG:
-        pre = c.prefill
-        disagg = Disaggregation(Role(c.prefill_instances, pre.tp, pre.ep if pre.ep == pre.tp else 0),
-                                Role(c.decode_instances, lay.tp, lay.ep if lay.ep == lay.tp else 0))
-    bundled = bundled_models().get(args.model.lower())
-    model_id = bundled.hf_id if bundled is not None else args.model
-    draft = next((d for d in speculations(args) if d.label == c.speculation), None) if c.speculation else None
-    if draft is not None and draft.method == "draft":
-        found = bundled_models().get((draft.draft_model or "").lower())
-        draft_id = found.hf_id if found is not None else draft.draft_model
-    else:
-        draft_id = None
-    speculative = SpeculativeLaunch(draft.method, draft.k, draft.topk, draft.draft_tokens, draft_id) if draft else None
-    return ServingLayout(model_id, lay.tp, lay.pp, lay.dp if c.mode == MIXED else 1, ep, c.max_num_seqs,
-                         c.max_batched_tokens, args.prefix_cache_hit_rate > 0 or
-                         bool(args.prefix_cache_hit_rate_distribution), fraction,
-                         "fp8" if args.kv_cache_dtype == "fp8" else "auto", experts > 0, disagg,
-                         trust_remote_code=args.trust_remote_code, revision=args.revision,
-                         device_memory_gb=hw.memory_capacity_gb,
-                         weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None,
-                         max_model_len=vllm_max_model_len(args.engine, c, spec.config, longest),
-                         speculative=speculative)
-
-
-def vllm_max_model_len(engine: str, c: Candidate, config: dict, longest: int) -> int | None:
-    """A --max-model-len for vLLM where the candidate's KV cache holds fewer tokens than the model's own maximum
-    (vLLM would refuse to start): the longest request asked for, rounded up to 1024 tokens, within the cache."""
-    if engine != "vllm" or c.memory is None:
-        return None
-    # vLLM's default max_model_len is the config's context, rope scaling considered (its derived max length)
-    model_max = ModelFacts.from_config(config).max_context
-    kv = c.memory.kv_tokens
-    if not model_max or kv >= model_max:
-        return None
-    return min(kv, -(-longest // 1024) * 1024)
 
 
 def _speculation_summary(drafts, candidates: list[Candidate]) -> dict | None:
