@@ -58,6 +58,14 @@ def system_kv_dtype(source: str | None) -> str | None:
     return _system(source).get("kv_cache_dtype")
 
 
+def streamed(run_id: str, api_server: bool) -> bool:
+    """A development-set run whose client took each token as it came: MLPerf's Server and Interactive scenarios
+    (LoadGen times every token; the row id ends with the scenario), or a launch line that starts the engine's HTTP
+    server (`vllm bench serve` and SGLang's bench_serving stream by default). Offline runs and the engines' own
+    throughput tools (trtllm-bench, benchmark_throughput.py) take whole completions."""
+    return api_server or run_id.endswith(("-Server", "-Interactive"))
+
+
 class MeasurementError(ValueError):
     """A file that cannot be read as a serving measurement; the message names the file and what is wrong."""
 
@@ -110,7 +118,7 @@ class ServingMeasurement:
         over HTTP), so each step answered every running request (cost/engines.py ServingOverheads.stream_us)."""
         if self.format in ("vllm_serve", "mlperf_server", "mlperf_interactive"):
             return True
-        return self.format == "devset" and (self.settings.api_server or self.id.endswith(("-Server", "-Interactive")))
+        return self.format == "devset" and streamed(self.id, self.settings.api_server)
 
 
 def _number(data: dict, key: str, where: str, required: bool = True) -> float | None:

@@ -29,7 +29,7 @@ from tracer.work import TraceOptions
 from .capacity import OUTPUT_KV_SHARE
 from .engine_flags import stated_settings
 from .lengths import bundled
-from .measurements import system_device, system_kv_dtype
+from .measurements import streamed, system_device, system_kv_dtype
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
 from .speculative import Speculation, parse_speculation, speculative_step
 from .step_cost import StepCost
@@ -271,10 +271,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
         flags.api_servers if flags.api_server else 0,
         _speculation(r["spec_decode"], engine)[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
-        # LoadGen's Server and Interactive scenarios time every token as it comes back; a served benchmark's
-        # client (vllm bench serve, SGLang's bench_serving) streams by default; Offline runs and the engines'
-        # own throughput tools (trtllm-bench, benchmark_throughput.py) take whole completions
-        streams=scenario in ("Server", "Interactive") and r["source_kind"].startswith("mlperf") or flags.api_server)
+        streams=streamed(r["id"], flags.api_server))
     return run, None
 
 

@@ -138,20 +138,24 @@ def test_speculative_flags_per_engine():
     """The optimizer's winning draft goes into the launch line, in each engine's own spelling."""
     import json
     from dataclasses import replace
-    from cli.inference.launch_commands import EAGLE3_HEAD, SpeculativeLaunch
-    eagle = replace(LAYOUT, speculative=SpeculativeLaunch("eagle3", 3))
+    from cli.inference.launch_commands import EAGLE3_HEAD
+    from serving.speculative import Speculation
+
+    def searched(method, k, topk=1, draft_tokens=0, draft_model=None):   # a draft as the optimizer searched it
+        return Speculation(method, k, (0.6,), "test", draft_model, topk, draft_tokens)
+    eagle = replace(LAYOUT, speculative=searched("eagle3", 3))
     [cmd] = commands(launch_command(eagle, "vllm"), "vllm serve")
     assert json.loads(flag(cmd, "--speculative-config")) == {"method": "eagle3", "model": EAGLE3_HEAD,
                                                              "num_speculative_tokens": 3}
     assert f"# fill in: {EAGLE3_HEAD}" in launch_command(eagle, "vllm")
-    mtp = replace(LAYOUT, speculative=SpeculativeLaunch("mtp", 2))
+    mtp = replace(LAYOUT, speculative=searched("mtp", 2))
     assert json.loads(flag(commands(launch_command(mtp, "vllm"), "vllm serve")[0], "--speculative-config")) == \
         {"method": "mtp", "num_speculative_tokens": 2}
-    tree = replace(LAYOUT, speculative=SpeculativeLaunch("eagle3", 3, topk=4, draft_tokens=16))
+    tree = replace(LAYOUT, speculative=searched("eagle3", 3, topk=4, draft_tokens=16))
     [cmd] = commands(launch_command(tree, "sglang"), "python -m sglang.launch_server")
     assert (flag(cmd, "--speculative-algorithm"), flag(cmd, "--speculative-num-steps"),
             flag(cmd, "--speculative-eagle-topk"), flag(cmd, "--speculative-num-draft-tokens")) == ("EAGLE3", "3", "4", "16")
-    draft = replace(LAYOUT, speculative=SpeculativeLaunch("draft", 4, draft_model="meta-llama/Llama-3.2-1B"))
+    draft = replace(LAYOUT, speculative=searched("draft", 4, draft_model="meta-llama/Llama-3.2-1B"))
     [cmd] = commands(launch_command(draft, "sglang"), "python -m sglang.launch_server")
     assert flag(cmd, "--speculative-algorithm") == "STANDALONE" and \
         flag(cmd, "--speculative-draft-model-path") == "meta-llama/Llama-3.2-1B"

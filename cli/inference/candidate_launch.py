@@ -2,13 +2,15 @@
 engine limits the search assumed, the KV-bound vLLM --max-model-len, and the winning speculative draft."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cost.engines import ENGINES
 from cost.layout_checks import ModelFacts
 from serving.search import DISAGG, MIXED, Candidate
 from tracer.model_source import bundled_models
 
 from ..common import speculations, warn
-from .launch_commands import Disaggregation, Role, ServingLayout, SpeculativeLaunch
+from .launch_commands import Disaggregation, Role, ServingLayout
 
 
 def serving_layout(args, c: Candidate, experts: int, hw, spec, longest: int) -> ServingLayout:
@@ -27,12 +29,9 @@ def serving_layout(args, c: Candidate, experts: int, hw, spec, longest: int) -> 
     bundled = bundled_models().get(args.model.lower())
     model_id = bundled.hf_id if bundled is not None else args.model
     draft = next((d for d in speculations(args) if d.label == c.speculation), None) if c.speculation else None
-    if draft is not None and draft.method == "draft":
+    if draft is not None and draft.method == "draft":     # the engine loads the draft by its Hugging Face id
         found = bundled_models().get((draft.draft_model or "").lower())
-        draft_id = found.hf_id if found is not None else draft.draft_model
-    else:
-        draft_id = None
-    speculative = SpeculativeLaunch(draft.method, draft.k, draft.topk, draft.draft_tokens, draft_id) if draft else None
+        draft = replace(draft, draft_model=found.hf_id if found is not None else draft.draft_model)
     return ServingLayout(model_id, lay.tp, lay.pp, lay.dp if c.mode == MIXED else 1, ep, c.max_num_seqs,
                          c.max_batched_tokens, args.prefix_cache_hit_rate > 0 or
                          bool(args.prefix_cache_hit_rate_distribution), fraction,
@@ -41,7 +40,7 @@ def serving_layout(args, c: Candidate, experts: int, hw, spec, longest: int) -> 
                          device_memory_gb=hw.memory_capacity_gb,
                          weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None,
                          max_model_len=vllm_max_model_len(args.engine, c, spec.config, longest),
-                         speculative=speculative)
+                         speculative=draft)
 
 
 def vllm_max_model_len(engine: str, c: Candidate, config: dict, longest: int) -> int | None:

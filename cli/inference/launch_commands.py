@@ -24,6 +24,8 @@ import json
 import shlex
 from dataclasses import dataclass
 
+from serving.speculative import Speculation
+
 ENGINES = ("vllm", "sglang", "trtllm")
 KV_CACHE_DTYPES = ("auto", "fp8")
 
@@ -42,21 +44,6 @@ class Role:
 class Disaggregation:
     prefill: Role
     decode: Role
-
-
-@dataclass(frozen=True)
-class SpeculativeLaunch:
-    """The draft a layout speculates with: `method` mtp | eagle3 | draft | ngram, `k` proposals per step (a tree's
-    depth), `topk` candidates per node and `draft_tokens` verified per request (SGLang trees; 1 and 0: a chain)."""
-    method: str
-    k: int
-    topk: int = 1
-    draft_tokens: int = 0
-    draft_model: str | None = None       # draft: the draft model's Hugging Face id
-
-    @property
-    def verify_tokens(self) -> int:
-        return self.draft_tokens or self.k + 1
 
 
 EAGLE3_HEAD = "EAGLE3_HEAD"     # tracecost prices an EAGLE-3 head of the target's width but does not know its repository
@@ -85,7 +72,8 @@ class ServingLayout:
     # vLLM refuses to start when its KV cache cannot hold one sequence of max_model_len (default: the model's
     # max_position_embeddings); set where the priced KV cache holds fewer tokens than that
     max_model_len: int | None = None
-    speculative: SpeculativeLaunch | None = None
+    # the draft searched (serving/speculative.py), its draft_model a Hugging Face id the engine loads
+    speculative: Speculation | None = None
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "max_num_seqs", "max_batched_tokens"):
@@ -186,7 +174,7 @@ def _head_note(layout: ServingLayout) -> list[str]:
     return [f"# fill in: {EAGLE3_HEAD}, the EAGLE-3 head trained for {layout.model} (a Hugging Face id or path)"]
 
 
-def _vllm_speculative(s: SpeculativeLaunch) -> dict:
+def _vllm_speculative(s: Speculation) -> dict:
     if s.topk > 1:
         raise ValueError("tree drafts (topk > 1) have no vLLM launch flags in tracecost")
     config = {"mtp": {"method": "mtp"}, "eagle3": {"method": "eagle3", "model": EAGLE3_HEAD},
@@ -195,7 +183,7 @@ def _vllm_speculative(s: SpeculativeLaunch) -> dict:
     return {**config, "num_speculative_tokens": s.k}
 
 
-def _sglang_speculative(s: SpeculativeLaunch) -> list[str]:
+def _sglang_speculative(s: Speculation) -> list[str]:
     algorithm = {"mtp": "EAGLE", "eagle3": "EAGLE3", "draft": "STANDALONE", "ngram": "NGRAM"}[s.method]
     words = [f"--speculative-algorithm {algorithm}"]
     if s.method == "eagle3":
@@ -207,7 +195,7 @@ def _sglang_speculative(s: SpeculativeLaunch) -> list[str]:
     return words + [f"--speculative-num-draft-tokens {s.verify_tokens}"]
 
 
-def _trtllm_speculative(s: SpeculativeLaunch) -> dict:
+def _trtllm_speculative(s: Speculation) -> dict:
     if s.topk > 1:
         raise ValueError("tree drafts (topk > 1) have no TensorRT-LLM launch options in tracecost")
     return {"mtp": {"decoding_type": "MTP", "num_nextn_predict_layers": s.k},
