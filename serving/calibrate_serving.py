@@ -33,7 +33,7 @@ from cost.engine_kernels.device_fit import DeviceScaling
 from cost.engines import ENGINES, ServingOverheads
 from cost.power import PowerLimit
 from cost.estimate import Parallelism
-from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_dir, with_topology
+from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_dir, with_power_cap, with_topology
 from tracer.model_source import ModelError, resolve_model
 from tracer.work import TraceOptions
 
@@ -63,13 +63,16 @@ class ServingModel:
 
     def cost(self, m: ServingMeasurement) -> StepCost:
         # a run whose system joins its GPUs otherwise ("h100nvl:pcie": no NVLink bridges) prices its collectives
-        # on that topology of the profile being fitted
+        # on that topology of the profile being fitted, and one that states a board power cap (MLPerf's MaxQ
+        # power_limit=500) at that cap of it
         topology = m.device.rpartition(":")[2] if ":" in m.device else ""
-        key = (m.model, m.engine, m.dtype, m.kv_dtype, m.tp, topology, m.streams)
+        cap = m.settings.power_limit_w
+        key = (m.model, m.engine, m.dtype, m.kv_dtype, m.tp, topology, cap, m.streams)
         if key not in self._costs:
             spec = resolve_model(MODELS.get(m.model, m.model))
             options = TraceOptions(dtype=m.dtype, kv_cache_dtype=m.kv_dtype)
             hw = with_topology(self.hw, topology) if topology and not self.hw.topology else self.hw
+            hw = with_power_cap(hw, cap) if cap else hw
             self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(m.tp), m.engine, self.overheads,
                                         streams=m.streams)
         return self._costs[key]

@@ -240,3 +240,20 @@ def test_submitters_stated_kv_format_fills_a_row_that_states_none():
     assert run.kv_dtype == "bf16"
     run, _ = map_row({**row, "source": "closed/Dell/results/XE9680_MI300X_192GBx8/llama2-70b-99/Offline/x"})
     assert run.kv_dtype is None
+
+
+def test_from_serving_prices_a_row_at_its_stated_cap(tmp_path):
+    """--from-serving reads a MaxQ row's power_limit=500 as the development-set predictor does."""
+    from serving.calibrate_serving import ServingModel
+    row = {"id": "q-Offline", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM",
+           "model": "meta-llama/Llama-3.1-8B-Instruct", "precision": "fp8", "kv_cache_dtype": "fp8",
+           "gpu": "H200-SXM-141GB", "num_gpus": 1, "tp": 1, "isl": 1024.0, "osl": 128.0,
+           "mode": "offline_max_throughput", "num_requests": 2000, "output_tok_s": 10000.0}
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (row, {**row, "id": "q2-Offline",
+                                                             "engine_flags": "power_limit=500"})) + "\n")
+    uncapped, capped = load_file(str(path))
+    model = ServingModel(load_profile("h200"))
+    slow, fast = model.predict(capped)["output_tok_s"], model.predict(uncapped)["output_tok_s"]
+    assert slow < fast * 0.95
+    assert model.cost(capped).hw.matrix_clock == pytest.approx(500 / 700)
