@@ -28,13 +28,13 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from cost.engines import ENGINES
 
 from .calibrate_overheads import DEV_SET, LOSS_CAP, fitted_kernels, split
-from .published import Predictor, PublishedRun, load_published, rate_within_limits
+from .published import Predictor, PredictorPool, PublishedRun, load_published, rate_within_limits
 from .steady_state import RATE
-
-_FORKED: dict = {}
 
 
 def streamed_limit_runs(runs: list[PublishedRun], engine: str) -> list[PublishedRun]:
@@ -57,22 +57,16 @@ def rate_error(predictor: Predictor, run: PublishedRun, stream_us: float) -> flo
         cost.overheads = base
 
 
-def _priced(job):
+def _priced(predictor: Predictor, job):
     run, value = job
-    return run.id, value, rate_error(_FORKED["predictor"], run, value)
+    return run.id, value, rate_error(predictor, run, value)
 
 
 def price_grid(runs: list[PublishedRun], grid: list[float], jobs: int, log) -> dict[str, dict[float, float]]:
     """Every run's rate error at every grid value: {run id: {value: error}} (refused runs left out)."""
-    _FORKED["predictor"] = Predictor()
-    work = [(r, v) for r in runs for v in grid]
+    with PredictorPool(Predictor(), jobs) as pool:
+        results = list(pool.apply(_priced, [(r, v) for r in runs for v in grid], chunksize=2))
     out: dict[str, dict[float, float]] = {}
-    if jobs > 1:
-        from multiprocessing import get_context
-        with get_context("fork").Pool(jobs) as pool:
-            results = list(pool.imap(_priced, work, chunksize=2))
-    else:
-        results = [_priced(j) for j in work]
     for run_id, value, err in results:
         if err is not None:
             out.setdefault(run_id, {})[value] = err
@@ -81,12 +75,9 @@ def price_grid(runs: list[PublishedRun], grid: list[float], jobs: int, log) -> d
 
 
 def interpolated(errors: dict[float, float], value: float) -> float:
+    """A run's rate error at `value`, linear between the priced grid values (held at the ends)."""
     grid = sorted(errors)
-    for lo, hi in zip(grid, grid[1:]):
-        if lo <= value <= hi:
-            t = (value - lo) / (hi - lo)
-            return errors[lo] * (1 - t) + errors[hi] * t
-    return errors[grid[0] if value < grid[0] else grid[-1]]
+    return float(np.interp(value, grid, [errors[g] for g in grid]))
 
 
 def mean_loss(rows: list[dict[float, float]], value: float) -> float:

@@ -368,12 +368,17 @@ class Predictor:
 _FORKED: dict = {}   # the Predictor a forked worker prices with (set before the pool forks, so each inherits it)
 
 
-def _predict_priced(job):
+def _predict_priced(predictor: Predictor, job):
     run, overheads = job
     try:
-        return run, _FORKED["predictor"].predict(run, overheads)[0], None
+        return run, predictor.predict(run, overheads)[0], None
     except (ValueError, RuntimeError) as e:      # a row tracecost cannot price: the caller reports it
         return run, None, str(e)
+
+
+def _with_forked_predictor(job):
+    fn, item = job
+    return fn(_FORKED["predictor"], item)
 
 
 class PredictorPool:
@@ -390,11 +395,13 @@ class PredictorPool:
 
     def map(self, runs, overheads: ServingOverheads | None = None):
         """(run, predicted metrics or None, why not or None) for each run, in order."""
-        work = [(run, overheads) for run in runs]
+        return self.apply(_predict_priced, [(run, overheads) for run in runs], chunksize=4)
+
+    def apply(self, fn, items, chunksize: int = 1):
+        """fn(predictor, item) for each item, in order, in the workers (fn a module-level function)."""
         if self._pool is not None:
-            return self._pool.imap(_predict_priced, work, chunksize=4)
-        _FORKED["predictor"] = self.predictor
-        return map(_predict_priced, work)
+            return self._pool.imap(_with_forked_predictor, [(fn, item) for item in items], chunksize=chunksize)
+        return (fn(self.predictor, item) for item in items)
 
     def close(self) -> None:
         if self._pool is not None:
