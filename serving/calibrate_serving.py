@@ -38,6 +38,7 @@ from tracer.model_source import ModelError, resolve_model
 from tracer.work import TraceOptions
 
 from .lengths import bundled
+from .capacity import output_kv_share
 from .measurements import BATCH, CONCURRENCY, MAX, MeasurementError, RunFacts, ServingMeasurement, load_files
 from .published import MODELS
 from .steady_state import Limits, Load, solve
@@ -93,7 +94,8 @@ class ServingModel:
         tokens = s.max_batched_tokens or d.max_batched_tokens
         kv = cost.replica_memory(tokens, s.memory_fraction).kv_tokens
         return Limits(s.max_num_seqs or d.max_num_seqs, tokens, kv,
-                      d.chunked_prefill if s.chunked_prefill is None else s.chunked_prefill)
+                      d.chunked_prefill if s.chunked_prefill is None else s.chunked_prefill,
+                      output_kv_share=output_kv_share(m.engine, s.capacity_scheduler))
 
     def _predict(self, cost: StepCost, m: ServingMeasurement) -> dict[str, float]:
         limits = self._limits(cost, m)

@@ -19,14 +19,40 @@ from tracer.work import Trace
 
 GB = 1e9
 
-# The share of a running request's output KV its engine holds for it, on average, when deciding what to admit.
-# vLLM allocates blocks for the tokens it schedules each step and preempts when they run out
-# (vllm/v1/core/sched/scheduler.py, KVCacheManager.allocate_slots): a request holds its input and the output
-# so far, half of it over its life. SGLang reserves max_new_tokens x new_token_ratio for running requests
-# (python/sglang/srt/managers/schedule_policy.py PrefillAdder; SGLANG_INIT_NEW_TOKEN_RATIO 0.7). TensorRT-LLM's
-# default capacity scheduler, GUARANTEED_NO_EVICT, admits a request only with its whole output's blocks
-# (tensorrt_llm/llmapi/llm_args.py CapacitySchedulerPolicy).
-OUTPUT_KV_SHARE = {"vllm": 0.5, "sglang": 0.7, "trtllm": 1.0}
+# How an engine decides what its KV cache can admit: the share of a running request's output KV it counts, on
+# average, per admission policy (serving/steady_state.py admitted).
+KV_ADMISSION = {
+    # vLLM allocates blocks for the tokens it schedules each step and preempts when they run out
+    # (vllm/v1/core/sched/scheduler.py, KVCacheManager.allocate_slots): a request holds its input and its output so
+    # far, half of it over its life
+    "allocate_as_generated": 0.5,
+    # SGLang reserves max_new_tokens x new_token_ratio for running requests
+    # (python/sglang/srt/managers/schedule_policy.py PrefillAdder; SGLANG_INIT_NEW_TOKEN_RATIO 0.7)
+    "new_token_ratio": 0.7,
+    # TensorRT-LLM's default capacity scheduler admits a request only with its whole output's blocks
+    # (tensorrt_llm/llmapi/llm_args.py CapacitySchedulerPolicy.GUARANTEED_NO_EVICT)
+    "guaranteed_no_evict": 1.0,
+    # TensorRT-LLM's MAX_UTILIZATION packs as many requests as the free blocks hold now and pauses the newest when
+    # they run out (batch_manager MaxUtilizationScheduler): a request holds what it has generated, as in vLLM
+    "max_utilization": 0.5,
+}
+ENGINE_KV_ADMISSION = {"vllm": "allocate_as_generated", "sglang": "new_token_ratio", "trtllm": "guaranteed_no_evict"}
+# the capacity-scheduler policies a launch can choose, per engine (the first is the engine's default)
+CAPACITY_SCHEDULERS = {"trtllm": ("guaranteed_no_evict", "max_utilization")}
+
+
+def kv_admission(engine: str, capacity_scheduler: str | None = None) -> str:
+    """The admission policy `engine` runs: the capacity scheduler its launch chose, else its own default."""
+    if capacity_scheduler is None:
+        return ENGINE_KV_ADMISSION.get(engine, "guaranteed_no_evict")
+    if capacity_scheduler not in CAPACITY_SCHEDULERS.get(engine, ()):
+        choices = ", ".join(CAPACITY_SCHEDULERS.get(engine, ())) or "none: it has one admission policy"
+        raise ValueError(f"capacity scheduler '{capacity_scheduler}' is not one of {engine}'s ({choices})")
+    return capacity_scheduler
+
+
+def output_kv_share(engine: str, capacity_scheduler: str | None = None) -> float:
+    return KV_ADMISSION[kv_admission(engine, capacity_scheduler)]
 
 
 @dataclass(frozen=True)

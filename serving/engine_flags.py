@@ -23,6 +23,18 @@ class StatedSettings:
     api_server: bool = False                 # requests come through the engine's HTTP server (not its Python API)
     api_servers: int = 1                     # processes taking requests in (vLLM's --api-server-count)
     power_limit_w: float | None = None       # a board power cap set on every GPU (nvidia-smi -pl), W
+    capacity_scheduler: str | None = None    # TensorRT-LLM's KV admission policy (serving/capacity.py KV_ADMISSION)
+
+
+def _capacity_scheduler(value: str) -> str:
+    """TensorRT-LLM's capacity-scheduler policy as each launcher spells it: the MLPerf harness's max_util /
+    no_evict, the executor's MAX_UTILIZATION / GUARANTEED_NO_EVICT, Triton's older guaranteed_completion."""
+    v = value.lower()
+    if v in ("max_util", "max_utilization"):
+        return "max_utilization"
+    if v in ("no_evict", "guaranteed_no_evict", "guaranteed_completion"):
+        return "guaranteed_no_evict"
+    raise ValueError(value)
 
 
 # flag (as any engine spells it) -> (setting, parser of its value); a switch (no value, or true/false) parses
@@ -51,17 +63,26 @@ FLAGS: dict[str, tuple[str, object]] = {
     "--num-scheduler-steps": ("scheduler_steps", _INT),
     "--api-server-count": ("api_servers", _INT),                # vLLM
     "power_limit": ("power_limit_w", _FLOAT),                   # MLPerf harness (MaxQ systems)
+    "--scheduler_policy": ("capacity_scheduler", _capacity_scheduler),       # TensorRT-LLM gptManagerBenchmark
+    "capacity_scheduler_policy": ("capacity_scheduler", _capacity_scheduler),  # LLM API scheduler_config
+    "batch_scheduler_policy": ("capacity_scheduler", _capacity_scheduler),     # Triton backend, MLPerf configs
+    "trtllm_batch_sched_policy": ("capacity_scheduler", _capacity_scheduler),  # MLPerf harness_llm flag
 }
+# what a launcher sets where its launch line is silent: NVIDIA's MLPerf LLM harness (harness_llm, main_llm.cc of
+# mlcommons/inference_results_v4.0 closed/NVIDIA) defaults --trtllm_batch_sched_policy to max_util, and its v4.x
+# llama2-70b / mixtral configs leave it unset. (Its Triton harness is not stored: those rows keep the engine's.)
+LAUNCHER_DEFAULTS = {"TensorRT-LLM (NVIDIA MLPerf harness)": {"capacity_scheduler": "max_utilization"}}
 # launch lines that start an engine's OpenAI-compatible HTTP server: its requests pass the server's frontend
 SERVER_LAUNCHES = (re.compile(r"\bvllm\s+serve\b"), re.compile(r"vllm\.entrypoints\.openai"),
                    re.compile(r"sglang\.launch_server"), re.compile(r"\btrtllm-serve\b"))
-_VALUE = r"\s*(?:=|\s)\s*(?:\{[^}]*?:\s*)?['\"]?([A-Za-z0-9_.]+)"
+_VALUE = r"\s*(?:=|:|\s)\s*(?:\{[^}]*?:\s*)?['\"]?([A-Za-z0-9_.]+)"
 
 
-def stated_settings(flags: str | None) -> StatedSettings:
+def stated_settings(flags: str | None, launcher: str | None = None) -> StatedSettings:
     """The settings a launch line states (unknown flags are left to the engine's defaults); the first flag in
-    FLAGS that states a setting sets it."""
-    out, stated = StatedSettings(), set()
+    FLAGS that states a setting sets it. `launcher`: the tool that started the engine, as a row names it
+    (LAUNCHER_DEFAULTS: what it sets where the line is silent)."""
+    out, stated = StatedSettings(**LAUNCHER_DEFAULTS.get(launcher or "", {})), set()
     for flag, (name, parse) in FLAGS.items():
         if not flags or name in stated:
             continue
@@ -85,4 +106,4 @@ def stated_settings(flags: str | None) -> StatedSettings:
     return out
 
 
-__all__ = ["FLAGS", "NEGATED", "SERVER_LAUNCHES", "SWITCH", "StatedSettings", "stated_settings"]
+__all__ = ["FLAGS", "LAUNCHER_DEFAULTS", "NEGATED", "SERVER_LAUNCHES", "SWITCH", "StatedSettings", "stated_settings"]

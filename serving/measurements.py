@@ -28,9 +28,6 @@ from .engine_flags import StatedSettings, stated_settings
 
 # the load a run put on the engine
 BATCH, MAX, RATE, CONCURRENCY = "batch", "max", "rate", "concurrency"
-# development-set GPU names -> bundled profiles
-GPUS = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100", "L40S-48GB": "l40s",
-        "B200-SXM-180GB": "b200", "MI300X-192GB": "mi300x", "RTX4090-24GB": "rtx4090"}
 ENGINES = {"tensorrt-llm": "trtllm", "trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
 
 
@@ -158,7 +155,8 @@ def _record(where: str, fmt: str, stated: dict, facts: RunFacts, measured: dict,
     name = Path(where.split(":")[0]).name
     return ServingMeasurement(id=stated.get("id") or f"{name}{idx}", source=where, format=fmt,
                               engine_version=stated.get("engine_version") or "", load=load, load_value=load_value,
-                              settings=parse_engine_flags(settings_text), measured=measured, filled=tuple(filled),
+                              settings=parse_engine_flags(settings_text, stated.get("launcher")), measured=measured,
+                              filled=tuple(filled),
                               **{k: values[k] for k in ("model", "device", "engine", "dtype", "kv_dtype")},
                               tp=int(values["tp"]), isl=float(values["isl"]), osl=float(values["osl"]))
 
@@ -253,16 +251,21 @@ def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement
             measured[name] = float(v)
     if r.get("output_tok_s") is not None and load != BATCH:   # a batch's tokens/s is derived from its latency
         measured["output_tok_s"] = float(r["output_tok_s"]) / replicas
+    from .published import DEVICES, map_row       # (published.py reads this module: imported when used)
     engine = next((name for key, name in ENGINES.items() if key in (r.get("engine") or "").lower()), None)
-    device = system_device(GPUS.get(r.get("gpu"), r.get("gpu")), r.get("source"))
+    device = system_device(DEVICES.get(r.get("gpu"), r.get("gpu")), r.get("source"))
     stated = {"id": r.get("id"), "model": r.get("model"), "device": device,
               "engine": engine, "engine_version": r.get("engine_version"), "tp": r.get("tp"),
               "dtype": r.get("precision"), "kv_dtype": r.get("kv_cache_dtype") or system_kv_dtype(r.get("source")),
-              "isl": r.get("isl"),
-              "osl": r.get("osl"), "engine_flags": r.get("engine_flags")}
-    from .published import DATASET_LENGTHS      # (published.py reads this module: imported when used)
-    lengths = next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()),
-                   None)
+              "isl": r.get("isl"), "osl": r.get("osl"), "engine_flags": r.get("engine_flags"),
+              "launcher": r.get("engine")}
+    # the row as the development-set predictor reads it (serving/published.py map_row): its bundled model, the
+    # profile and topology of its GPUs, and the weight and KV formats its checkpoint and flags state
+    run, _ = map_row(r)
+    lengths = None
+    if run is not None:
+        stated.update(model=run.model, device=run.device.partition("@")[0], dtype=run.dtype, kv_dtype=run.kv_dtype)
+        lengths = run.lengths
     return replace(_record(where, "devset", stated, facts, measured, load, value), lengths=lengths)
 
 

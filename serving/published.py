@@ -26,7 +26,7 @@ from cost.profile import load_profile
 from tracer.model_source import bundled_models, resolve_model
 from tracer.work import TraceOptions
 
-from .capacity import OUTPUT_KV_SHARE
+from .capacity import output_kv_share
 from .engine_flags import stated_settings
 from .lengths import bundled
 from .measurements import streamed, system_device, system_kv_dtype
@@ -98,6 +98,7 @@ class PublishedRun:
     speculation: Speculation | None = None   # the draft the run used (a chain or a tree)
     prefix_hit_rate: float = 0.0  # the share of each prompt the run states was served from the prefix cache
     streams: bool = False        # its client took each token as it came (MLPerf Server/Interactive, a served benchmark)
+    capacity_scheduler: str | None = None   # TensorRT-LLM's KV admission policy, as launched (None: the engine's)
 
 
 def _engine(text: str) -> str | None:
@@ -253,7 +254,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     why = _skip_reason(r, model, device, engine)
     if why:
         return None, why
-    flags = stated_settings(r.get("engine_flags"))
+    flags = stated_settings(r.get("engine_flags"), r.get("engine"))
     if flags.power_limit_w:
         device = f"{device}@{flags.power_limit_w:g}W"
     tp = int(r.get("tp") or 1)
@@ -271,7 +272,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
         flags.api_servers if flags.api_server else 0,
         _speculation(r["spec_decode"], engine)[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
-        streams=streamed(r["id"], flags.api_server))
+        streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler)
     return run, None
 
 
@@ -330,7 +331,7 @@ class Predictor:
             seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
         kv_tokens = cost.replica_memory(tokens, run.memory_fraction).kv_tokens
         return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl,
-                      output_kv_share=OUTPUT_KV_SHARE[run.engine])
+                      output_kv_share=output_kv_share(run.engine, run.capacity_scheduler))
 
     @staticmethod
     def cached_tokens(run: PublishedRun, cost: StepCost) -> int:

@@ -21,7 +21,7 @@ from tracer.model_source import ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
-from .capacity import OUTPUT_KV_SHARE, ReplicaMemory
+from .capacity import ReplicaMemory, output_kv_share
 from .layouts import Layout
 from .lengths import LengthDistribution, fixed_lengths
 from .slo import STATS, LatencyLimits, goodput_estimate
@@ -64,6 +64,7 @@ class EngineSettings:
     release: str | None = None               # the engine release whose overheads price a step (None: newest)
     speculation: Speculation | None = None   # speculative decoding (serving/speculative.py), None: none
     streams: bool = True                     # clients stream their tokens (cost/engines.py ServingOverheads.stream_us)
+    capacity_scheduler: str | None = None    # TensorRT-LLM's KV admission policy (serving/capacity.py), None: default
 
 
 @dataclass
@@ -175,7 +176,7 @@ class Searcher:
         pp = layout.pp
         return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill,
                       mem.state_tokens_per_sequence, mem.attention_kv,
-                      OUTPUT_KV_SHARE.get(self.settings.engine, 1.0)), mem
+                      output_kv_share(self.settings.engine, self.settings.capacity_scheduler)), mem
 
     @property
     def _limit_quantiles(self) -> tuple[int, ...]:

@@ -62,7 +62,7 @@ class Limits:
     state_tokens: int = 0        # a request's recurrent state (hybrid / SSM models), in KV-token units
     attention_kv: bool = True    # False: a request's memory is its state only (no KV cache grows)
     output_kv_share: float = 1.0   # share of its output's KV a running request holds on average, as the engine
-                                   # admits (serving/capacity.py OUTPUT_KV_SHARE: vLLM 0.5, TensorRT-LLM 1)
+                                   # admits (serving/capacity.py KV_ADMISSION: vLLM 0.5, TensorRT-LLM 1)
 
 
 @dataclass

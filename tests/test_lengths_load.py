@@ -119,11 +119,15 @@ def test_clis_take_a_lengths_file_and_a_burst(tmp_path, capsys):
 
 
 def test_engines_admit_by_the_output_share_they_hold_and_a_full_cache_serves_nothing():
-    from serving.capacity import OUTPUT_KV_SHARE
+    from serving.capacity import output_kv_share
     from serving.steady_state import admitted
-    grows = Limits(1024, 2048, 100_000, output_kv_share=OUTPUT_KV_SHARE["vllm"])
-    reserves = Limits(1024, 2048, 100_000, output_kv_share=OUTPUT_KV_SHARE["trtllm"])
+    grows = Limits(1024, 2048, 100_000, output_kv_share=output_kv_share("vllm"))
+    reserves = Limits(1024, 2048, 100_000, output_kv_share=output_kv_share("trtllm"))
+    packs = Limits(1024, 2048, 100_000, output_kv_share=output_kv_share("trtllm", "max_utilization"))
     assert admitted(grows, 1000, 1000) == 66 and admitted(reserves, 1000, 1000) == 50
+    assert admitted(packs, 1000, 1000) == 66
+    with pytest.raises(ValueError, match="not one of vllm's"):
+        output_kv_share("vllm", "max_utilization")
     tiny = solve(fake_step, 1000, 1000, 0, Load(RATE, 1.0), Limits(1024, 2048, 1500))
     assert tiny.request_rate == 0 and not tiny.stable and "cannot hold one request" in tiny.note
     d = read_lengths("mlperf-llama2-70b").scaled(291)

@@ -40,7 +40,7 @@ def serving_layout(args, c: Candidate, experts: int, hw, spec, longest: int) -> 
                          device_memory_gb=hw.memory_capacity_gb,
                          weights_gb_per_gpu=(c.memory.weights + c.memory.activations) / 1e9 if c.memory else None,
                          max_model_len=vllm_max_model_len(args.engine, c, spec.config, longest),
-                         speculative=draft)
+                         speculative=draft, capacity_scheduler=getattr(args, "capacity_scheduler", None))
 
 
 def vllm_max_model_len(engine: str, c: Candidate, config: dict, longest: int) -> int | None:

@@ -74,6 +74,7 @@ class ServingLayout:
     max_model_len: int | None = None
     # the draft searched (serving/speculative.py), its draft_model a Hugging Face id the engine loads
     speculative: Speculation | None = None
+    capacity_scheduler: str | None = None     # TensorRT-LLM's KV admission policy (None: its default)
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "max_num_seqs", "max_batched_tokens"):
@@ -335,6 +336,8 @@ def _trtllm(layout: ServingLayout) -> list[str]:
         options["enable_attention_dp"] = True
     if layout.speculative:
         options["speculative_config"] = _trtllm_speculative(layout.speculative)
+    if layout.capacity_scheduler:     # the LLM API's SchedulerConfig (tensorrt_llm/llmapi/llm_args.py)
+        options["scheduler_config"] = {"capacity_scheduler_policy": layout.capacity_scheduler.upper()}
     files = {"mixed": "tracecost-trtllm.yaml", "prefill": "tracecost-trtllm-ctx.yaml",
              "decode": "tracecost-trtllm-gen.yaml"}
     if layout.disaggregated:

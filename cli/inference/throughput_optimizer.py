@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from cost.engines import ENGINES
 from cost.layout_checks import Layout as CheckedLayout, ModelFacts, check_layout
+from serving.capacity import CAPACITY_SCHEDULERS, kv_admission
 from serving.layouts import LayoutSpace, layouts
 from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
@@ -112,6 +113,8 @@ def check_flags(args) -> None:
         MAX_BATCH_TOKENS.check(args.max_prefill_tokens, "--max-prefill-tokens")
     if args.prefix_cache_block_size > 1:
         MAX_TOKENS.check(args.prefix_cache_block_size, "--prefix-cache-block-size")
+    if args.capacity_scheduler and args.capacity_scheduler not in CAPACITY_SCHEDULERS.get(args.engine, ()):
+        raise InputError(f"--capacity-scheduler is TensorRT-LLM's; {args.engine} has one admission policy")
 
 
 def _hit_rate(args, warnings: list[str]) -> tuple[float, list | None]:
@@ -149,7 +152,8 @@ def optimize(args, on_progress=None) -> dict:
         raise InputError("--objective goodput counts requests within the limits: give --ttft-limit and/or "
                          "--tpot-limit")
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
-                              release=args.engine_release, streams=args.stream)
+                              release=args.engine_release, streams=args.stream,
+                              capacity_scheduler=args.capacity_scheduler)
     searcher = Searcher(spec, hw, options, workload, settings, limits)
     drafts = speculations(args)
     if drafts and args.mode == DISAGG:
@@ -227,6 +231,7 @@ def optimize(args, on_progress=None) -> dict:
         "scale_up_domains": math.ceil(num_devices / hw.scale_up_gpus), "scale_up_gpus": hw.scale_up_gpus,
         "mode": args.mode, "execution": args.execution,
         "engine": args.engine if args.execution == "engine" else None, "streams": args.stream,
+        "kv_admission": kv_admission(args.engine, args.capacity_scheduler) if args.execution == "engine" else None,
         "load": {"kind": load.kind, "value": load.value if load.kind != MAX else None,
                  "arrival": load.arrival if load.kind == RATE else None, "requests": load.requests or None},
         "lengths": workload.describe(), "length_distribution": lengths.as_json() if lengths else None,
@@ -471,6 +476,9 @@ def main(argv=None) -> int:
                    help="requests running at once per replica (default: the engine's)")
     p.add_argument("--gpu-memory-utilization", type=typed(_fraction), default=None,
                    help="share of GPU memory the engine plans for (default: the engine's, 0.9 for vLLM)")
+    p.add_argument("--capacity-scheduler", default=None, choices=CAPACITY_SCHEDULERS["trtllm"],
+                   help="TensorRT-LLM's KV admission policy (default guaranteed_no_evict: a request is admitted "
+                        "with its whole output's blocks; max_utilization admits what fits now, as vLLM does)")
     p.add_argument("--mode", default=MIXED, choices=[MIXED, DISAGG, "both"],
                    help="mixed: prefill and decode on the same instances; disagg: separate prefill and decode "
                         "pools, each with its own TP")
