@@ -30,6 +30,9 @@ from .speculative import Speculation, SpeculativeStep, speculative_step
 from .step_cost import StepCost
 
 MIXED, DISAGG = "mixed", "disagg"
+# how far off a capacity can be and still be called right (the development set's highest-rate-within-limits
+# median error is ~6%): an answer that moves by more than a quarter over this is flagged (Searcher.rate_sensitivity)
+NEAR_CAPACITY_SPREAD = 0.05
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,25 @@ class Searcher:
                          speculation=self.settings.speculation.label if self.settings.speculation else None,
                          goodput=goodput_estimate(state.request_rate * engines, ttft, tpot_stats, self.limits)
                          if state.stable and mem.kv_tokens >= longest else 0.0)
+
+    def rate_sensitivity(self, layout: Layout, load: Load, spread: float = NEAR_CAPACITY_SPREAD) -> str | None:
+        """A note when the mean TTFT or TPOT at this rate moves by more than a quarter for the rate `spread` either
+        side, as a capacity that far off would move it: near saturation a step barely faster per request carries
+        the rate with a much smaller batch, so the mean there is a range, not a number."""
+        if load.kind != RATE or not self.replica_state(layout, load, ())[0].stable:
+            return None       # beyond capacity already: the overload warning says so
+        ttft, tpot = [], []
+        for f in (1 - spread, 1 + spread):
+            state, _, _ = self.replica_state(layout, replace(load, value=load.value * f), ())
+            if not state.stable:
+                return (f"near capacity: {f:.2f} x this rate is beyond what the layout serves, so with a capacity "
+                        f"{spread:.0%} lower requests would queue without bound")
+            ttft.append(state.ttft_s["mean"] * 1e3)
+            tpot.append(state.tpot_s * 1e3)
+        if tpot[1] > 1.25 * tpot[0] or ttft[1] > 1.25 * ttft[0]:
+            return (f"near capacity: at {1 - spread:.2f}-{1 + spread:.2f} x this rate (a capacity {spread:.0%} off) "
+                    f"the mean TPOT is {tpot[0]:.1f}-{tpot[1]:.1f} ms and the mean TTFT {ttft[0]:.0f}-{ttft[1]:.0f} ms")
+        return None
 
     def best_rate(self, layout: Layout) -> Candidate:
         """The highest request rate this layout serves within the limits (the saturation rate without limits)."""

@@ -224,3 +224,17 @@ def test_prompts_beyond_the_budget_fill_later_steps():
     assert top.limited_by == "prefill budget"
     short = solve(fake_step, 1000, 2, 0, Load(RATE, 1e9), Limits(1024, 8192, 10**7))
     assert 0.95 * 8 / fake_step(1, 8000, 1000, 0, 0) < short.request_rate
+
+
+def test_a_mean_near_capacity_is_flagged_as_a_range():
+    """Near saturation the mean TPOT at a rate moves by far more than the rate: within 5% of the highest rate the
+    layout serves, the candidate says how wide; at a third of it, it says nothing."""
+    from serving.search import RATE
+    from serving.steady_state import Load
+    s = Searcher(resolve_model("llama-3.2-1b"), load_profile("h100"), TraceOptions(), Workload(1000, 128),
+                 EngineSettings(), LatencyLimits())
+    top = s.best_rate(Layout(1)).request_rate
+    near = s.rate_sensitivity(Layout(1), Load(RATE, 0.97 * top))
+    assert near is not None and near.startswith("near capacity")
+    assert s.rate_sensitivity(Layout(1), Load(RATE, top / 3)) is None
+    assert s.rate_sensitivity(Layout(1), Load(RATE, 2 * top)) is None      # overloaded: the warning's job

@@ -213,6 +213,11 @@ def optimize(args, on_progress=None) -> dict:
         on_progress(len(steps), len(steps), "done")
     overloads = [m for c in candidates for m in flag_overload(c, load)]
     ranked = rank(candidates, args.objective)
+    by_draft = {s.settings.speculation.label if s.settings.speculation else None: s for s in searchers}
+    for c in ranked[:args.top]:     # a mean at a rate near capacity is a range: say how wide
+        note = by_draft[c.speculation].rate_sensitivity(c.layout, load) if c.mode == MIXED else None
+        if note:
+            c.notes.append(note)
     if args.verify:
         # a layout that sustains no load within the limits has no steady state to simulate
         for c in [c for c in ranked if c.request_rate > 1e-6][:args.verify]:
