@@ -211,6 +211,9 @@ class SerialHost(ParamSet):
     and that runs in series with the GPU when the engine turns the overlap off to speculate. The fitted plain-step
     overheads (cost/engine_serving.json) hold none of it: there it is hidden."""
     step_us: float = param(0.0, 0.0, 5000.0, "host work per speculative step run in series with the GPU, us")
+    # per request: the Python bookkeeping of its verified tokens (appending, stop checks). Tens of us at most:
+    # SGLang's overlap gains 1.1x at full batches of hundreds (lmsys.org/blog/2024-12-04-sglang-v0-4), which a
+    # hidden per-request cost of hundreds of us would make several times
     seq_us: float = param(0.0, 0.0, 50.0, "host work per running request per speculative step run in series, us")
 
     def seconds(self, sequences: float) -> float:
