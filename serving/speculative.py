@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 
+from cost.engine_kernels.params import ParamSet, param
+from cost.engines import ENGINES
 from tracer.model_source import ModelSpec, resolve_model
 from tracer.trace import trace
 from tracer.work import Request
@@ -201,6 +203,33 @@ def _rate_for_length(length: float, k: int) -> float:
     return (lo + hi) / 2
 
 
+# -- the host work an engine stops hiding when it speculates -----------------------------------------------------
+@dataclass(frozen=True)
+class SerialHost(ParamSet):
+    """The scheduler's host work per step that an overlap scheduler runs while the GPU computes the previous step
+    (SGLang's zero-overhead scheduler: batch scheduling, memory allocation, prefix matching, result processing),
+    and that runs in series with the GPU when the engine turns the overlap off to speculate. The fitted plain-step
+    overheads (cost/engine_serving.json) hold none of it: there it is hidden."""
+    step_us: float = param(0.0, 0.0, 5000.0, "host work per speculative step run in series with the GPU, us")
+    # per request: the Python bookkeeping of its verified tokens (appending, stop checks). Tens of us at most:
+    # SGLang's overlap gains 1.1x at full batches of hundreds (lmsys.org/blog/2024-12-04-sglang-v0-4), which a
+    # hidden per-request cost of hundreds of us would make several times
+    seq_us: float = param(0.0, 0.0, 50.0, "host work per running request per speculative step run in series, us")
+
+    def seconds(self, sequences: float) -> float:
+        return (self.step_us + self.seq_us * sequences) * 1e-6 if sequences > 0 else 0.0
+
+
+def serial_host(engine: str) -> tuple[SerialHost, str] | None:
+    """(the host work in series, where it comes from) for an engine that disables its overlap scheduler when it
+    speculates (serving/data/speculative.json "serial_host"), None for one that keeps it."""
+    entry = _defaults().get("serial_host", {}).get(engine)
+    if entry is None:
+        return None
+    where = f"serving/data/speculative.json: serial_host.{engine}"
+    return SerialHost.from_json(entry["params"], where), f"{entry['source']}; {entry['fit']}"
+
+
 # -- the draft as a model ---------------------------------------------------------------------------------------
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 
@@ -274,6 +303,8 @@ class SpeculativeStep:
         self.target, self.speculation, self.draft = target, speculation, draft
         self.tokens_per_step = speculation.tokens_per_step
         self._draft_memory: tuple[float, float] | None = None
+        found = serial_host(target.engine) if target.execution == "engine" else None
+        self.serial_host, self._serial_origin = found if found else (None, "")
 
     def __getattr__(self, name):     # defaults, overhead_origin, stage_factor, ... are the target's
         return getattr(self.target, name)
@@ -293,7 +324,17 @@ class SpeculativeStep:
         self.target.overheads = value
 
     def formats_notes(self) -> list[str]:
-        return self.target.formats_notes() + [self.speculation.describe(), DRAFT_NOTES[self.speculation.method]]
+        notes = [self.speculation.describe(), DRAFT_NOTES[self.speculation.method]]
+        if self.serial_host is not None:
+            h = self.serial_host
+            notes.append(f"{ENGINES[self.target.engine].label} speculates without its "
+                         f"overlap scheduler: {h.step_us:g} us per step and {h.seq_us:g} us per running request of "
+                         f"host work run in series with the GPU ({self._serial_origin})")
+        return self.target.formats_notes() + notes
+
+    def serial_host_s(self, sequences: float) -> float:
+        """The host work the engine runs in series with the GPU in a speculative step of `sequences` requests."""
+        return self.serial_host.seconds(sequences) if self.serial_host is not None else 0.0
 
     def draft_forwards(self, decoding: float) -> list[DraftForward]:
         """The draft's forwards in a step of `decoding` requests: a catch-up over the k + 1 tokens the last step
@@ -319,10 +360,12 @@ class SpeculativeStep:
     def steady(self, decoding: float, prefill_tokens: float, chunk_tokens: int, chunk_context: float,
                decode_context: float) -> float:
         """A speculative step: every decoding request's verified tokens (k + 1, a tree's N) and the prompt chunks in
-        one target forward (StepCost.steady with that query), beside the draft's proposals."""
+        one target forward (StepCost.steady with that query), beside the draft's proposals, and the host work an
+        engine without its overlap scheduler runs in series (serial_host)."""
+        sequences = decoding + (prefill_tokens / chunk_tokens if prefill_tokens > 0 else 0.0)
         return self.target.steady(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context,
                                   query=self.speculation.verify_tokens,
-                                  draft_s=self.draft_seconds(decoding, decode_context))
+                                  draft_s=self.draft_seconds(decoding, decode_context)) + self.serial_host_s(sequences)
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         """The event simulator's step (serving/engine.py): `decode_batch` requests verify their tokens (k + 1, a
@@ -378,14 +421,15 @@ class StepTimes:
     batch: int
     context: int
     draft_s: float           # the draft's forwards (draft_forwards)
-    verify_s: float          # the target's forward over the verified rows, its sampling and the step's host work
+    verify_s: float          # the target's forward over the verified rows, its sampling and its step overheads
     plain_s: float           # the same batch's decode step without speculation
     tokens_per_step: float
     verify_tokens: int       # query rows per request of the verification
+    serial_host_s: float = 0.0   # host work run in series with the GPU (an engine speculating without overlap)
 
     @property
     def step_s(self) -> float:
-        return self.draft_s + self.verify_s
+        return self.draft_s + self.verify_s + self.serial_host_s
 
     @property
     def tpot_s(self) -> float:
@@ -399,7 +443,8 @@ class StepTimes:
 
     def as_json(self) -> dict:
         return {"batch": self.batch, "context": self.context, "draft_ms": self.draft_s * 1e3,
-                "verify_ms": self.verify_s * 1e3, "step_ms": self.step_s * 1e3,
+                "verify_ms": self.verify_s * 1e3, "serial_host_ms": self.serial_host_s * 1e3,
+                "step_ms": self.step_s * 1e3,
                 "tokens_per_step": self.tokens_per_step, "verify_tokens_per_request": self.verify_tokens,
                 "effective_tpot_ms": self.tpot_s * 1e3, "plain_step_ms": self.plain_s * 1e3,
                 "speedup": self.speedup}
@@ -408,9 +453,9 @@ class StepTimes:
 def step_times(step: SpeculativeStep, batch: int, context: int) -> StepTimes:
     """A decode-only speculative step priced as the serving steps are (StepCost.steady: overheads included)."""
     total = step.steady(batch, 0, 1, 0, context)
-    draft = step.draft_seconds(batch, context)
-    return StepTimes(batch, context, draft, total - draft, step.target.steady(batch, 0, 1, 0, context),
-                     step.tokens_per_step, step.speculation.verify_tokens)
+    draft, host = step.draft_seconds(batch, context), step.serial_host_s(batch)
+    return StepTimes(batch, context, draft, total - draft - host, step.target.steady(batch, 0, 1, 0, context),
+                     step.tokens_per_step, step.speculation.verify_tokens, host)
 
 
 def speedup_at_batch(step: SpeculativeStep, batch: int, context: float) -> float:
@@ -430,6 +475,6 @@ def speculative_step(target: StepCost, speculation: Speculation | None,
     return SpeculativeStep(target, speculation, draft)
 
 
-__all__ = ["METHODS", "DraftForward", "SpeculativeStep", "Speculation", "draft_spec", "mtp_layers", "parse_speculation",
-           "StepTimes", "sibling_miss", "speculative_step", "speedup_at_batch", "step_times",
-           "tree_acceptance"]
+__all__ = ["METHODS", "DraftForward", "SerialHost", "SpeculativeStep", "Speculation", "StepTimes", "draft_spec",
+           "mtp_layers", "parse_speculation", "serial_host", "sibling_miss", "speculative_step", "speedup_at_batch",
+           "step_times", "tree_acceptance"]

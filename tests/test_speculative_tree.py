@@ -107,8 +107,9 @@ def test_specdecode_bench_crossover_on_qwen3_8b():
     """SpecDecode-Bench (arXiv 2601.11580; SGLang 0.5.9, EAGLE on Qwen3-8B, GSM8K, one H100): chain k = 3 accepts
     2.25 tokens per step for 1.65x at batch 1; a depth-3 tree of 21 drafted tokens accepts 2.92 for 1.85x, below 1x
     by batch 64. With those acceptance lengths the fixed-batch speedups must cross the same way: both above 1 at
-    batch 1 with the tree ahead, the tree behind the chain once the batch fills the GPU, and at or below 1 by batch
-    64 (predicted 1.02 there, 0.86 at 128: the stated cross-over sits at our boundary)."""
+    batch 1 with the tree ahead, the tree behind the chain once the batch fills the GPU and below 1 by batch 64
+    (predicted 0.95 there with SGLang's host work in series, serving/speculative.py SerialHost), the chain above 1
+    at every batch ("chain-style verification is the more robust choice")."""
     from serving.speculative import speedup_at_batch
     cost = StepCost(resolve_model("qwen3-8b"), load_profile("h100"), TraceOptions(), "engine", 1, "sglang")
     chain = speculative_step(cost, parse_speculation("eagle3", 3, acceptance_length=2.25))
@@ -116,7 +117,7 @@ def test_specdecode_bench_crossover_on_qwen3_8b():
     c = {b: speedup_at_batch(chain, b, 512) for b in (1, 32, 64, 128)}
     t = {b: speedup_at_batch(tree, b, 512) for b in (1, 32, 64, 128)}
     assert t[1] > c[1] > 1.0
-    assert t[32] < c[32] and t[64] < 1.05 and t[128] < 1.0 < c[128]
+    assert t[32] < c[32] and t[64] < 1.0 < c[64] and t[128] < 1.0 < c[128]
     assert t[1] > t[32] > t[64] > t[128]
 
 

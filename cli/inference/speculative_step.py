@@ -51,6 +51,8 @@ def section(times: StepTimes, speculation: Speculation) -> str:
     """The speculative step's table, shared by the one-step and the whole-request outputs."""
     rows = [["draft", f"{times.draft_s * 1e3:,.3f} ms"],
             ["verify", f"{times.verify_s * 1e3:,.3f} ms ({times.verify_tokens} tokens per request)"],
+            *([["host work in series", f"{times.serial_host_s * 1e3:,.3f} ms (no overlap scheduler)"]]
+              if times.serial_host_s else []),
             ["step", f"{times.step_s * 1e3:,.3f} ms"],
             ["tokens per step", f"{times.tokens_per_step:.2f}"],
             ["effective TPOT", f"{times.tpot_s * 1e3:,.3f} ms"],
