@@ -163,6 +163,24 @@ def test_least_squares_fit_recovers_known_parameters():
     assert p.with_vector(p.vector()) == p and len(p.vector()) == len(DecodeAttentionParams.fitted_names())
 
 
+def test_fit_moves_off_its_start_where_grid_parameters_act_in_steps():
+    """A grid parameter (occupancy) is held out of the solver's vector: pinned inside it by 1e-9-wide bounds,
+    its finite-difference step crossed the split count's integer edge (slots / sequences whole) and froze the
+    fit at its start, as GB300's windowed decode fits were."""
+    truth = replace(DecodeAttentionParams(), fixed_us=6.0, cta_us=0.8, memory=0.8, unit_bandwidth_gbps=400.0,
+                    smoothness=3.0, window_overread=1.05, occupancy=1.0)
+    batch = np.repeat([1.0, 2.0, 4.0, 8.0, 16.0, 33.0, 66.0, 132.0], 6)   # 132 units: slots / items whole
+    context = np.tile([255.0, 1023.0, 4095.0, 8191.0, 16383.0, 32767.0], 8)
+
+    def predict(p):
+        return decode_attention_time(p, 132, 3.35e12, 50e6, batch, context, 8, 1, 128, window=1024).seconds
+
+    start = DecodeAttentionParams()
+    assert np.median(np.abs(predict(start) / predict(truth) - 1)) > 0.15
+    fitted = least_squares_fit(start, predict, predict(truth))
+    assert np.median(np.abs(predict(fitted) / predict(truth) - 1)) < 0.03
+
+
 def test_calibration_reads_tables_and_fits(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
