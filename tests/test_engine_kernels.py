@@ -212,6 +212,31 @@ def test_calibration_reads_tables_and_fits(tmp_path):
         load_tables(str(tmp_path), "b200_sxm", "vllm")
 
 
+def test_tables_keep_the_backend_a_default_launch_runs_for_each_head_dim(tmp_path):
+    """SGLang's tables time some head dims on two backends; only the one its default selection prefers stays
+    (B300: trtllm_mha over FlashInfer at head dim 128), and a head dim timed on one backend keeps its rows."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from cost.kernel_db import load_tables
+    folder = tmp_path / "b300_sxm" / "attention" / "sglang" / "0.5.14"
+    folder.mkdir(parents=True)
+    cases = [(128, 0, "trtllm_mha", 0.05), (128, 0, "flashinfer", 0.07), (192, 0, "triton", 0.09),
+             (128, 512, "flashinfer", 0.04), (256, 0, "triton", 0.2), (256, 0, "trtllm_mha", 0.08)]
+    table = {c: [] for c in ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype",
+                             "window_size", "kernel_source", "latency", "step")}
+    for d, window, source, ms in cases:
+        for name, value in zip(table, (4, 1024, 32, 8, d, "bfloat16", window, source, ms, 0)):
+            table[name].append(value)
+    pq.write_table(pa.table(table), folder / "context_attention_perf.parquet")
+    kept = load_tables(str(tmp_path), "b300_sxm", "sglang")["prefill_attention"]
+    assert [(r.head_dim, r.window) for r in kept.rows] == [(128, 0), (192, 0), (128, 512), (256, 0)]
+    assert np.allclose(kept.seconds * 1e3, [0.05, 0.09, 0.04, 0.08])
+    # vLLM's collector states no backend order: every row stays
+    (tmp_path / "b300_sxm" / "attention" / "sglang").rename(tmp_path / "b300_sxm" / "attention" / "vllm")
+    assert len(load_tables(str(tmp_path), "b300_sxm", "vllm")["prefill_attention"].rows) == 6
+
+
 def test_engine_profile_round_trips_through_json():
     cal = load_profile("h200").engine("vllm")
     from cost.engine_kernels import parse_calibration
