@@ -237,6 +237,18 @@ def test_tables_keep_the_backend_a_default_launch_runs_for_each_head_dim(tmp_pat
     assert len(load_tables(str(tmp_path), "b300_sxm", "vllm")["prefill_attention"].rows) == 6
 
 
+def test_a_kernel_that_sweeps_the_whole_causal_range_pays_for_the_keys_before_the_window():
+    args = (170, 1e15, 5e13, 1.8e12, 128e6, 1, 16384, 0, 32, 8, 128)
+    skipping = prefill_attention_time(PrefillAttentionParams(), *args, window=1024).seconds
+    sweeping = prefill_attention_time(replace(PrefillAttentionParams(), window_skip=0.0), *args, window=1024).seconds
+    full = prefill_attention_time(PrefillAttentionParams(), *args).seconds
+    assert skipping < 0.2 * full and math.isclose(sweeping, full, rel_tol=1e-9)
+    short = args[:6] + (512,) + args[7:]   # a sequence inside its window: nothing to skip
+    assert math.isclose(prefill_attention_time(replace(PrefillAttentionParams(), window_skip=0.0), *short,
+                                               window=1024).seconds,
+                        prefill_attention_time(PrefillAttentionParams(), *short, window=1024).seconds)
+
+
 def test_engine_profile_round_trips_through_json():
     cal = load_profile("h200").engine("vllm")
     from cost.engine_kernels import parse_calibration
