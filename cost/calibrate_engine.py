@@ -29,15 +29,23 @@ def least_squares_fit(initial, predict, measured: np.ndarray, restarts=()):
     """Parameters minimizing a robust (soft-L1, ~10% scale) loss of log(predicted / measured), within bounds.
     Parameters that act in steps (declared with a grid) are tried at each grid point, from `initial`, from
     each of `restarts` (a previous fit can sit in a local minimum the defaults avoid) and from each declared
-    start of a parameter; the best fit wins."""
+    start of a parameter; the best fit wins.
+
+    A grid parameter is held at its grid value outside the solver's vector. (It used to stay in it, pinned
+    by bounds 1e-9 wide: its finite-difference step then crossed the wave and split counts' integer edges,
+    `ceil(slots / items)` at slots / items whole, giving derivatives of ~1e8 that froze every other
+    parameter at its start -- GB300's and B300's windowed decode fits came back as the defaults.)"""
     from itertools import product
 
     from scipy.optimize import least_squares
     low, high = initial.bounds()
     names = initial.fitted_names()
     grids = initial.grids()
+    free = np.array([n not in grids for n in names])
 
-    def residuals(x):
+    def residuals(x_free, full):
+        x = full.copy()
+        x[free] = x_free
         with np.errstate(all="ignore"):
             pred = predict(initial.with_vector(x))
         r = np.log(np.maximum(pred, 1e-12) / measured)
@@ -46,17 +54,15 @@ def least_squares_fit(initial, predict, measured: np.ndarray, restarts=()):
     best, best_cost = initial, np.inf
     origins = [initial, *restarts]
     origins += [replace(initial, **{name: value}) for name, values in initial.starts().items() for value in values]
+    lo, hi = low[free], high[free]
     for origin, point in product(origins, product(*grids.values()) if grids else [()]):
-        start = replace(origin, **dict(zip(grids, point))).vector()
-        lo, hi = low.copy(), high.copy()
-        for name, value in zip(grids, point):  # a grid parameter stays at its grid value
-            i = names.index(name)
-            lo[i], hi[i] = value - 1e-9 * (1 + abs(value)), value + 1e-9 * (1 + abs(value))
-        x0 = np.clip(start, lo + 1e-12 * (hi - lo), hi - 1e-12 * (hi - lo))
-        result = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
+        full = replace(origin, **dict(zip(grids, point))).vector()
+        x0 = np.clip(full[free], lo + 1e-12 * (hi - lo), hi - 1e-12 * (hi - lo))
+        result = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, args=(full,),
                                x_scale=np.maximum(np.abs(x0), 1e-3), diff_step=1e-3, max_nfev=300 if not grids else 120)
         if result.cost < best_cost:
-            best, best_cost = initial.with_vector(np.clip(result.x, low, high)), result.cost
+            full[free] = np.clip(result.x, lo, hi)
+            best, best_cost = initial.with_vector(full), result.cost
     return best
 
 

@@ -93,12 +93,31 @@ def _gemm(t) -> tuple[list, list]:
     return rows, ms
 
 
-def _attention(t, phase: str, keys_after_step: bool) -> tuple[list, list]:
+def _served_backend_rows(t, backends: tuple) -> list[bool]:
+    """Rows timed on the backend the engine's default selection runs for their head dim (windowed or not).
+    `backends` lists the engine's attention backends in the order its selection prefers them; where a table
+    times one head dim on more than one backend, only the most preferred one's rows are kept (the others
+    time a kernel a default launch does not run); a head dim timed on one backend keeps its rows."""
+    n = len(t["latency"])
+    sources = t.get("kernel_source")
+    if not backends or sources is None:
+        return [True] * n
+    windows = t.get("window_size") or [0] * n
+    rank = {b: i for i, b in enumerate(backends)}
+    shape = [(int(t["head_dim"][i]), bool(windows[i])) for i in range(n)]
+    best: dict = {}
+    for key, source in zip(shape, sources):
+        best[key] = min(best.get(key, len(rank)), rank.get(source, len(rank)))
+    return [rank.get(source, len(rank)) == best[key] for key, source in zip(shape, sources)]
+
+
+def _attention(t, phase: str, keys_after_step: bool, backends: tuple = ()) -> tuple[list, list]:
     rows, ms = [], []
     windows = t.get("window_size") or [0] * len(t["latency"])
+    served = _served_backend_rows(t, backends)
     for i, lat in enumerate(t["latency"]):
         kv = _KV.get(t["kv_cache_dtype"][i])
-        if kv is None:
+        if kv is None or not served[i]:
             continue
         b, h, kvh, d = (int(t[c][i]) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
         if phase == "prefill":
@@ -123,6 +142,9 @@ class Collector:
     gated_relu2_until: str | None = None   # MoE layers of relu^2 models were built gated before this version
     single_rank_ep: bool = True            # expert-parallel MoE rows time what one serving rank runs
     host_issued_gemm: tuple = ()           # GEMM formats timed as calls the host issues, not graph replays
+    attention_backends: tuple = ()         # attention backends in the order the engine's default selection
+                                           # prefers them (`kernel_source`); rows of a less preferred one
+                                           # timing a head dim the preferred one also times are dropped
 
     def keys_after_step(self, version: str) -> bool:
         return not _before(version, self.step_keys_until)
@@ -141,7 +163,13 @@ COLLECTORS = {
     "vllm": Collector(step_keys_until="0.22", gated_relu2_until="0.17", host_issued_gemm=("fp8_block",)),
     # SGLang's expert-parallel rows feed only the tokens that reach rank 0 and compute their remote slots on
     # expert 0, work no serving rank does
-    "sglang": Collector(gated_relu2_until="0.5.14", single_rank_ep=False),
+    "sglang": Collector(gated_relu2_until="0.5.14", single_rank_ep=False,
+                        # SGLang's tables time some head dims on two backends (B300: head dim 128 on FlashInfer
+                        # and trtllm_mha, 256 on Triton and trtllm_mha, 25-140% apart). A default launch of an
+                        # MHA model runs fa3 on Hopper, trtllm_mha on SM100, else FlashInfer, Triton where the
+                        # others cannot (python/sglang/srt/server_args.py _get_default_attn_backend; the
+                        # collector's collect_attn.py takes Triton for head dim 192 on SM100 and on SM120)
+                        attention_backends=("fa3", "trtllm_mha", "flashinfer", "triton")),
 }
 
 
@@ -204,7 +232,8 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
         add("gemm", f, _gemm(store.read(f)))
     for table, phase in (("context_attention_perf.parquet", "prefill"), ("generation_attention_perf.parquet", "decode")):
         if f := store.find(system, "attention", engine, table):
-            add(f"{phase}_attention", f, _attention(store.read(f), phase, collector.keys_after_step(_version(f))))
+            add(f"{phase}_attention", f, _attention(store.read(f), phase, collector.keys_after_step(_version(f)),
+                                                    collector.attention_backends))
     if f := store.find(system, "moe", engine, "moe_perf.parquet"):
         add("moe", f, _moe(store.read(f), collector.relu2_timed_gated(_version(f)), collector.single_rank_ep))
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):

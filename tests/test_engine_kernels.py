@@ -163,6 +163,24 @@ def test_least_squares_fit_recovers_known_parameters():
     assert p.with_vector(p.vector()) == p and len(p.vector()) == len(DecodeAttentionParams.fitted_names())
 
 
+def test_fit_moves_off_its_start_where_grid_parameters_act_in_steps():
+    """A grid parameter (occupancy) is held out of the solver's vector: pinned inside it by 1e-9-wide bounds,
+    its finite-difference step crossed the split count's integer edge (slots / sequences whole) and froze the
+    fit at its start, as GB300's windowed decode fits were."""
+    truth = replace(DecodeAttentionParams(), fixed_us=6.0, cta_us=0.8, memory=0.8, unit_bandwidth_gbps=400.0,
+                    smoothness=3.0, window_overread=1.05, occupancy=1.0)
+    batch = np.repeat([1.0, 2.0, 4.0, 8.0, 16.0, 33.0, 66.0, 132.0], 6)   # 132 units: slots / items whole
+    context = np.tile([255.0, 1023.0, 4095.0, 8191.0, 16383.0, 32767.0], 8)
+
+    def predict(p):
+        return decode_attention_time(p, 132, 3.35e12, 50e6, batch, context, 8, 1, 128, window=1024).seconds
+
+    start = DecodeAttentionParams()
+    assert np.median(np.abs(predict(start) / predict(truth) - 1)) > 0.15
+    fitted = least_squares_fit(start, predict, predict(truth))
+    assert np.median(np.abs(predict(fitted) / predict(truth) - 1)) < 0.03
+
+
 def test_calibration_reads_tables_and_fits(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -192,6 +210,43 @@ def test_calibration_reads_tables_and_fits(tmp_path):
     assert np.allclose(pred, tables["custom_allreduce"].seconds, rtol=0.05)
     with pytest.raises(KernelDBError, match="no tables for system"):
         load_tables(str(tmp_path), "b200_sxm", "vllm")
+
+
+def test_tables_keep_the_backend_a_default_launch_runs_for_each_head_dim(tmp_path):
+    """SGLang's tables time some head dims on two backends; only the one its default selection prefers stays
+    (B300: trtllm_mha over FlashInfer at head dim 128), and a head dim timed on one backend keeps its rows."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from cost.kernel_db import load_tables
+    folder = tmp_path / "b300_sxm" / "attention" / "sglang" / "0.5.14"
+    folder.mkdir(parents=True)
+    cases = [(128, 0, "trtllm_mha", 0.05), (128, 0, "flashinfer", 0.07), (192, 0, "triton", 0.09),
+             (128, 512, "flashinfer", 0.04), (256, 0, "triton", 0.2), (256, 0, "trtllm_mha", 0.08)]
+    table = {c: [] for c in ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype",
+                             "window_size", "kernel_source", "latency", "step")}
+    for d, window, source, ms in cases:
+        for name, value in zip(table, (4, 1024, 32, 8, d, "bfloat16", window, source, ms, 0)):
+            table[name].append(value)
+    pq.write_table(pa.table(table), folder / "context_attention_perf.parquet")
+    kept = load_tables(str(tmp_path), "b300_sxm", "sglang")["prefill_attention"]
+    assert [(r.head_dim, r.window) for r in kept.rows] == [(128, 0), (192, 0), (128, 512), (256, 0)]
+    assert np.allclose(kept.seconds * 1e3, [0.05, 0.09, 0.04, 0.08])
+    # vLLM's collector states no backend order: every row stays
+    (tmp_path / "b300_sxm" / "attention" / "sglang").rename(tmp_path / "b300_sxm" / "attention" / "vllm")
+    assert len(load_tables(str(tmp_path), "b300_sxm", "vllm")["prefill_attention"].rows) == 6
+
+
+def test_a_kernel_that_sweeps_the_whole_causal_range_pays_for_the_keys_before_the_window():
+    args = (170, 1e15, 5e13, 1.8e12, 128e6, 1, 16384, 0, 32, 8, 128)
+    skipping = prefill_attention_time(PrefillAttentionParams(), *args, window=1024).seconds
+    sweeping = prefill_attention_time(replace(PrefillAttentionParams(), window_skip=0.0), *args, window=1024).seconds
+    full = prefill_attention_time(PrefillAttentionParams(), *args).seconds
+    assert skipping < 0.2 * full and math.isclose(sweeping, full, rel_tol=1e-9)
+    short = args[:6] + (512,) + args[7:]   # a sequence inside its window: nothing to skip
+    assert math.isclose(prefill_attention_time(replace(PrefillAttentionParams(), window_skip=0.0), *short,
+                                               window=1024).seconds,
+                        prefill_attention_time(PrefillAttentionParams(), *short, window=1024).seconds)
 
 
 def test_engine_profile_round_trips_through_json():

@@ -59,6 +59,10 @@ class PrefillAttentionParams(ParamSet):
                             "tiles (FlashAttention-3's rule); 0: only when they fit one tile", grid=(0.0, 1.0))
     l2_speedup: float = param(1.0, 1.0, 8.0, "bandwidth of L2-resident fresh Q/K/V/O over HBM's")
     l2_fraction: float = param(0.6, 0.05, 1.0, "share of L2 the fresh Q/K/V/O may fill and stay resident")
+    window_skip: float = param(1.0, 0.0, 1.0, "share of the key tiles before a sliding window that the kernel skips "
+                               "(1: it starts each query tile's sweep at the window, as FlashAttention and TRT-LLM "
+                               "do; 0: it sweeps the whole causal range and masks, as SGLang's Triton extend "
+                               "kernel's time grows with the sequence, not the window)")
     tile_q: int = param(128, 16, 256, "query rows per CTA (kernel data)", fitted=False)
     tile_k: int = param(128, 16, 256, "keys per tile at head dim 128 (kernel data)", fitted=False)
     tile_k_by_head_dim: int = param(0, 0, 1, "1: keys per tile scale as 128 / head dim (a power of two in [32, 256]: "
@@ -132,8 +136,10 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     group = h / kvh
     tq, tk = prefill_tiles(p, q * group, d)
-    # keys one query tile can see: no more than the sequence, nor than the window past its first query
-    cap = np.minimum(c + q, np.where(w > 0, w + tq, np.inf))
+    # keys one query tile sweeps: no more than the sequence, nor (on kernels that skip the tiles before a
+    # sliding window) than the window past its first query
+    windowed = np.minimum(c + q, np.where(w > 0, w + tq, np.inf))
+    cap = windowed + (1.0 - p.window_skip) * (c + q - windowed)
     # GQA packing: the query rows of a KV head's query heads share CTAs (each packed tile sees all keys) when
     # they fit one tile, or (pack_gqa) whenever that takes fewer tiles than row blocks per head with causal skipping
     n_packed = np.ceil(q * group / tq)
