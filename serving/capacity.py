@@ -55,6 +55,11 @@ def output_kv_share(engine: str, capacity_scheduler: str | None = None) -> float
     return KV_ADMISSION[kv_admission(engine, capacity_scheduler)]
 
 
+def reserves_whole_output(engine: str, capacity_scheduler: str | None = None) -> bool:
+    """The policy admits a request only with its whole sequence's blocks (the simulator's reserve_output)."""
+    return output_kv_share(engine, capacity_scheduler) >= 1.0
+
+
 @dataclass(frozen=True)
 class ReplicaMemory:
     """Bytes per GPU of one replica, and the KV tokens the replica holds."""

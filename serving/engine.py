@@ -9,6 +9,10 @@ Each step (vllm/v1/core/sched/scheduler.py, Scheduler.schedule):
    lookup (and, with a CPU pool, a load of further blocks when copying beats recomputing), then the
    whole sequence must fit in the free blocks now, and only its first chunk is allocated.
 3. The step's time comes from StepCost; a request whose known tokens are all computed samples one more.
+
+With `reserve_output` (TensorRT-LLM's default capacity scheduler, GUARANTEED_NO_EVICT; serving/capacity.py) a
+request is admitted only while the blocks of every running request's whole sequence, and its own, fit in the
+pool, so nobody is ever preempted.
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class Engine:
         # speculative decoding: each decode verifies k + 1 tokens (a tree's N) and gains a drawn number of them
         self.verify_tokens = cost.speculation.verify_tokens if cost.speculation is not None else 1
         self.rng = random.Random(index)
+        self.reserved_blocks = 0          # the running requests' whole sequences, under reserve_output
 
     @property
     def load(self) -> int:
@@ -138,7 +143,7 @@ class Engine:
         cannot change what is cached or evicted, so they are taken together (the step times still differ
         step by step, as the context grows)."""
         running, cost, cache = self.running, self.cost, self.cache
-        if self.waiting and not (len(running) >= self.config.max_running
+        if self.waiting and not (len(running) >= self.config.max_running or self._unreserved(self.waiting[0])
                                  or (self.cpu is None and cache.cannot_admit(self.waiting[0]))):
             return False
         steps, context = 1 << 30, 0
@@ -193,7 +198,7 @@ class Engine:
         bs = cache.block_size
         while self.waiting and budget > 0 and len(self.running) < cfg.max_running:
             s = self.waiting[0]
-            if self.cpu is None and cache.cannot_admit(s):
+            if self._unreserved(s) or (self.cpu is None and cache.cannot_admit(s)):
                 break
             handle, hit = cache.lookup(s)
             ext, transfer = 0, 0.0
@@ -204,6 +209,8 @@ class Engine:
                 break
             self.waiting.popleft()
             self.running.append(s)
+            if cfg.reserve_output:
+                self.reserved_blocks += cache.required_blocks(s.end)
             s.num_computed = hit + ext
             s.prompt_done = False
             load_s += transfer
@@ -222,6 +229,16 @@ class Engine:
             chunks.append((s, n))
             budget -= n
         return load_s
+
+    def _unreserved(self, s: Seq) -> bool:
+        """Under reserve_output: `s`'s whole sequence does not fit beside the running requests' reservations (they
+        change only when one leaves, so a decode run may go on while this holds)."""
+        return self.config.reserve_output and \
+            self.reserved_blocks + self.cache.required_blocks(s.end) > self.cache.capacity_blocks
+
+    def _release(self, s: Seq) -> None:
+        if self.config.reserve_output:
+            self.reserved_blocks -= self.cache.required_blocks(s.end)
 
     def _cpu_hit(self, s: Seq, hit: int) -> tuple[int, float]:
         """Further leading blocks in the CPU pool, loaded only when copying beats recomputing them."""
@@ -249,6 +266,7 @@ class Engine:
 
     def _preempt(self, s: Seq) -> None:
         self.cache.free_seq(s, finished=False)
+        self._release(s)
         self.res.preemptions += 1
         self.res.recomputed_tokens += s.num_computed
         s.num_computed = 0
@@ -325,6 +343,7 @@ class Engine:
 
     def _finish(self, s: Seq, now: float) -> None:
         self.cache.free_seq(s, finished=True)
+        self._release(s)
         r = s.req
         tpot = (now - s.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else None
         # the client sees each request later by the engine's per-request work outside the steps

@@ -38,6 +38,7 @@ class ServerConfig:
     overlap_store: bool = True        # the GPU->CPU write-through runs beside compute, as both engines do it
     gpus_per_instance: int = 1
     api_server: bool = True           # each instance takes requests in through its HTTP server's one process
+    reserve_output: bool = False      # admit only with the whole sequence's blocks (TensorRT-LLM GUARANTEED_NO_EVICT)
 
     @property
     def gpus(self) -> int:

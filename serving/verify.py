@@ -12,6 +12,7 @@ from tracer.work import Request
 
 from . import overload
 from .arrivals import ClosedLoopArrivals
+from .capacity import reserves_whole_output
 from .disagg_sim import DisaggConfig, simulate_disagg
 from .layouts import Layout
 from .lengths import LengthDistribution
@@ -63,7 +64,9 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
     config = ServerConfig(block_size=BLOCK, gpu_blocks=max(2, limits.kv_tokens // BLOCK + 1),
                           max_prefill_tokens=limits.max_batched_tokens, max_running=limits.max_num_seqs,
                           prefix_caching=w.cached_tokens > 0, instances=engines,
-                          gpus_per_instance=layout.gpus // engines, cache_policy="vllm")
+                          gpus_per_instance=layout.gpus // engines, cache_policy="vllm",
+                          reserve_output=reserves_whole_output(searcher.settings.engine,
+                                                               searcher.settings.capacity_scheduler))
     for r in reqs:
         r.hash_blocks(BLOCK)
     arrivals = ClosedLoopArrivals(reqs, int(load.value)) if load.kind == CONCURRENCY else None

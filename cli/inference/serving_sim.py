@@ -20,7 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from cost.engines import ENGINES, serving_overheads
-from serving.capacity import replica_memory
+from serving.capacity import CAPACITY_SCHEDULERS, kv_admission, replica_memory, reserves_whole_output
 from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
@@ -71,7 +71,9 @@ def server_config(args, spec, hw, options) -> ServerConfig:
                         max_prefill_tokens=args.max_prefill_tokens, max_running=args.max_running,
                         block_bytes=block_bytes, host_link_bytes_per_s=hw.host_link_bandwidth_gbps * 1e9,
                         cache_policy=args.cache_policy, instances=args.instances, routing=args.routing,
-                        api_server=args.api_server)
+                        api_server=args.api_server,
+                        reserve_output=args.execution == "engine" and reserves_whole_output(args.engine,
+                                                                                             args.capacity_scheduler))
 
 
 def _positive_gb(text: str, flag: str) -> float:
@@ -195,6 +197,8 @@ def run(args) -> dict:
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
     MAX_RUNNING.check(args.max_running, "--max-running")
+    if args.capacity_scheduler and args.capacity_scheduler not in CAPACITY_SCHEDULERS.get(args.engine, ()):
+        raise InputError(f"--capacity-scheduler is TensorRT-LLM's; {args.engine} has one admission policy")
     MAX_BATCH_TOKENS.check(args.max_prefill_tokens, "--max-prefill-tokens")
     check_plot_path(args.plot)
     requests = load_workload(args)
@@ -244,6 +248,7 @@ def run(args) -> dict:
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "streams": args.stream,
+           "kv_admission": kv_admission(args.engine, args.capacity_scheduler) if args.execution == "engine" else None,
            "step_overheads": cost.overhead_origin,
            "origin": cost.origin.as_json(),
            "speculation": cost.speculation.describe() if cost.speculation is not None else None,
@@ -356,6 +361,11 @@ def render(out: dict) -> str:
                  f"position, seeded; 'tokens per step' is what the run drew)")
     for note in origin_notes(out["origin"]):
         text += f"\nnote: {note}"
+    if out["engine"] == "trtllm" and out.get("kv_admission"):
+        text += (f"\nnote: KV admission: TensorRT-LLM's {out['kv_admission']} capacity scheduler ("
+                 + ("a request is admitted only with its whole sequence's blocks" if out["kv_admission"] ==
+                    "guaranteed_no_evict" else "admitted as blocks free, the newest preempted when they run out")
+                 + ")")
     text += f"\nnote: {out['price_note']}"
     return (out["origin"]["headline"] + "\n" if out["origin"]["headline"] else "") + text
 
@@ -456,6 +466,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of a preset's random choices and arrivals (default 0)")
     p.add_argument("--block-size", type=bounded_int(1 << 16), default=16,
                    help="tokens per KV block; prefix hits count in whole blocks (default 16)")
+    p.add_argument("--capacity-scheduler", default=None, choices=CAPACITY_SCHEDULERS["trtllm"],
+                   help="TensorRT-LLM's KV admission (default guaranteed_no_evict: a request is admitted only with "
+                        "its whole sequence's blocks, and nobody is preempted; max_utilization admits as vLLM does)")
     p.add_argument("--cache-policy", default="vllm", choices=list(CACHE_POLICIES),
                    help="whose prefix-cache rules: vllm (paged blocks, default) or sglang (token radix tree)")
     p.add_argument("--gpu-cache-gb", default="auto", help="KV cache size per GPU instance, or auto (memory left "
