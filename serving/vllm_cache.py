@@ -70,6 +70,17 @@ class FreeQueue:
         self.num_stale += 1
         self.size -= 1
 
+    def remove_all(self, blocks: list[int]) -> None:
+        """Take distinct blocks out of the queue (their entries go stale)."""
+        stale = self.stale
+        if stale.keys().isdisjoint(blocks):
+            stale.update(dict.fromkeys(blocks, 1))
+        else:
+            for b in blocks:
+                stale[b] = stale.get(b, 0) + 1
+        self.num_stale += len(blocks)
+        self.size -= len(blocks)
+
     def append(self, blocks: list[int]) -> None:
         self.items.extend(blocks)
         self.size += len(blocks)
@@ -179,8 +190,7 @@ class VllmBlockCache:
         if held is None:
             held = self.blocks[seq.sid] = list(hit)
             if touched_free:
-                for b in touched_free:   # hit blocks all have a hash
-                    free.remove(b)
+                free.remove_all(touched_free)    # hit blocks all have a hash
                 self.free_cached -= len(touched_free)
             for b in hit:
                 ref[b] += 1
