@@ -222,16 +222,18 @@ class VllmBlockCache:
     def free_seq(self, seq, finished: bool) -> None:
         """Release a finished or preempted request's blocks, tail first."""
         held = self.blocks.pop(seq.sid, None)
-        self.num_cached.pop(seq.sid, None)
+        cached = self.num_cached.pop(seq.sid, 0)
         if not held:
             return
         self.releases += 1
-        ref, hashes = self.ref, self.hash
-        first, last = [], []
-        for b in reversed(held):
+        ref = self.ref
+        # the blocks after its cached ones have no hash and no other holder (only a lookup's hit shares a block)
+        first, head = held[cached:][::-1], held[:cached][::-1]
+        for b in first:
+            ref[b] = 0
+        for b in head:
             ref[b] -= 1
-            if not ref[b]:
-                (last if hashes[b] else first).append(b)
+        last = [b for b in head if not ref[b]]
         if first:
             self.free.prepend(first)
         self.free.append(last)
