@@ -41,8 +41,8 @@ class FreeQueue:
 
     def popleft(self, n: int) -> list[int]:
         items, h = self.items, self.head
-        if not self.num_stale:
-            out = items[h:h + n]
+        out = items[h:h + n]
+        if not self.num_stale or self.stale.keys().isdisjoint(out):    # no stale entry among the next n
             h += n
         else:
             out, stale = [], self.stale
@@ -242,21 +242,23 @@ class VllmBlockCache:
     # -- internals -------------------------------------------------------------------------------------
     def _grow(self, held: list[int], n: int) -> None:
         new = self.free.popleft(n)
-        ref, hashes, cached, evicted = self.ref, self.hash, self.cached, 0
+        ref, hashes = self.ref, self.hash
         for b in new:
-            h = hashes[b]
-            if h:                          # a free block that still held cached KV: evicted now
-                if h not in self.copies and cached[h] == b:
-                    del cached[h]
-                else:
-                    self._forget(b, h)
-                hashes[b] = 0
-                evicted += 1
             ref[b] = 1
+        if self.free_cached:       # else no free block has a hash: none is evicted
+            evicted = [b for b in new if hashes[b]]
+            if evicted:            # free blocks that still held cached KV: evicted now, in queue order
+                cached, copies = self.cached, self.copies
+                for b in evicted:
+                    h = hashes[b]
+                    if h not in copies and cached[h] == b:
+                        del cached[h]
+                    else:
+                        self._forget(b, h)
+                    hashes[b] = 0
+                self.evicted_blocks += len(evicted)
+                self.free_cached -= len(evicted)
         held.extend(new)
-        if evicted:
-            self.evicted_blocks += evicted
-            self.free_cached -= evicted
         self.allocated_blocks += n
 
     def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
