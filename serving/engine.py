@@ -49,6 +49,7 @@ class Seq:
 
 
 _ORDER = attrgetter("order")
+LONG_BATCH = 32     # deferred requests from which a decode run is first checked against the next arrival
 
 
 class Engine:
@@ -253,10 +254,10 @@ class Engine:
         if cost.par.pp > 1 or batch > cost.defaults.graph_max_batch:
             return False     # staged or eagerly launched steps: priced one by one (StepCost.step)
         if self.deferred:
-            # an arrival within four steps ends it as it would end the run below (the same step times); only
-            # then are the deferred requests looked at for the one that finishes first
+            # in a long batch, an arrival within four steps ends it as it would end the run below (the same step
+            # times); only then are the deferred requests looked at for the one that finishes first
             context += self.deferred_sum + self.deferred * self.tick
-            if self._run_end(batch, context, 4, horizon)[0] < 4:
+            if self.deferred >= LONG_BATCH and self._run_end(batch, context, 4, horizon)[0] < 4:
                 return False
             self._wake_all()
             steps = min(steps, min(s.end - s.num_tokens for s in running))

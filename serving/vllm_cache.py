@@ -242,23 +242,21 @@ class VllmBlockCache:
     # -- internals -------------------------------------------------------------------------------------
     def _grow(self, held: list[int], n: int) -> None:
         new = self.free.popleft(n)
-        ref, hashes = self.ref, self.hash
+        ref, hashes, cached, copies, evicted = self.ref, self.hash, self.cached, self.copies, 0
         for b in new:
+            h = hashes[b]
+            if h:                          # a free block that still held cached KV: evicted now
+                if h not in copies and cached[h] == b:
+                    del cached[h]
+                else:
+                    self._forget(b, h)
+                hashes[b] = 0
+                evicted += 1
             ref[b] = 1
-        if self.free_cached:       # else no free block has a hash: none is evicted
-            evicted = [b for b in new if hashes[b]]
-            if evicted:            # free blocks that still held cached KV: evicted now, in queue order
-                cached, copies = self.cached, self.copies
-                for b in evicted:
-                    h = hashes[b]
-                    if h not in copies and cached[h] == b:
-                        del cached[h]
-                    else:
-                        self._forget(b, h)
-                    hashes[b] = 0
-                self.evicted_blocks += len(evicted)
-                self.free_cached -= len(evicted)
         held.extend(new)
+        if evicted:
+            self.evicted_blocks += evicted
+            self.free_cached -= evicted
         self.allocated_blocks += n
 
     def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
