@@ -13,12 +13,18 @@ Each step (vllm/v1/core/sched/scheduler.py, Scheduler.schedule):
 With `reserve_output` (TensorRT-LLM's default capacity scheduler, GUARANTEED_NO_EVICT; serving/capacity.py) a
 request is admitted only while the blocks of every running request's whole sequence, and its own, fit in the
 pool, so nobody is ever preempted.
+
+A decode that neither fills nor opens a block nor finishes touches no block (vllm_cache.py): with a vLLM pool
+and no speculation, a request is left out of the step loop for the run of such decodes ahead of it ("deferred"),
+its counts advanced by the engine's tick when it is next looked at. The loop then visits only the requests that
+do something to the pool this step, in admission order, the same order as before.
 """
 from __future__ import annotations
 
 import random
 from collections import deque
 from itertools import islice, takewhile
+from operator import attrgetter
 
 import numpy as np
 
@@ -31,7 +37,8 @@ from .workload import SimRequest
 class Seq:
     """A request inside an engine: its tokens so far (prompt + sampled) and how many have KV."""
     __slots__ = ("req", "sid", "prompt", "end", "num_tokens", "num_computed", "reused", "hashes", "first_token_s",
-                 "admit_s", "gpu_hit", "cpu_hit", "preemptions", "prompt_done", "admitted")
+                 "admit_s", "gpu_hit", "cpu_hit", "preemptions", "prompt_done", "admitted", "order", "deferred_at",
+                 "due_at")
 
     def __init__(self, req: SimRequest, hashes: list[int]):
         self.req, self.sid, self.hashes = req, req.rid, hashes
@@ -40,6 +47,13 @@ class Seq:
         self.first_token_s = self.admit_s = None
         self.gpu_hit = self.cpu_hit = self.preemptions = 0
         self.prompt_done = self.admitted = False
+        self.order = 0                 # admissions to its engine before its latest one: its place in the batch
+        self.deferred_at = None        # the engine tick its counts are as of, while deferred (Engine._defer)
+        self.due_at = -1               # the tick it is next looked at, while deferred
+
+
+_ORDER = attrgetter("order")
+LONG_BATCH = 32     # deferred requests from which a decode run is first checked against the next arrival
 
 
 class Engine:
@@ -59,6 +73,14 @@ class Engine:
         self.verify_tokens = cost.speculation.verify_tokens if cost.speculation is not None else 1
         self.rng = random.Random(index)
         self.reserved_blocks = 0          # the running requests' whole sequences, under reserve_output
+        self.admissions = 0
+        # deferred decodes (module docstring): running requests are either deferred or in `active`, in batch order
+        self.defers = cache.decode_granule > 2 and self.verify_tokens == 1
+        self.tick = 0                      # regular steps and decode-run steps taken: a deferred request's clock
+        self.active: list[Seq] = []
+        self.deferred = 0                  # deferred requests, and the sum of their num_computed - deferred_at
+        self.deferred_sum = 0
+        self.due: dict[int, list[Seq]] = {}    # tick -> deferred requests to look at then
 
     @property
     def load(self) -> int:
@@ -79,18 +101,31 @@ class Engine:
         before `horizon` (the next arrival), a run of such steps at once."""
         cfg, cache, running = self.config, self.cache, self.running
         self._integrate(self.clock)
+        if self.defers:
+            self._wake(self.tick)
         if running and cache.decode_granule > 1 and len(running) <= cfg.max_prefill_tokens \
                 and self.verify_tokens == 1 and self._decode_run(horizon):
             return
         budget, granule, verify, preempted = cfg.max_prefill_tokens, cache.decode_granule, self.verify_tokens, False
         spec = self.cost if verify > 1 else None
+        todo = running
+        if self.defers:
+            todo = self.active
+            if self.deferred:
+                # each deferred decode takes one token of the budget; when the step's tokens cannot run out before
+                # the batch's end, where in the batch they take it changes nothing. Otherwise all are looked at.
+                if self.deferred + sum(s.num_tokens - s.num_computed for s in todo) > budget:
+                    self._wake_all()
+                    todo = self.active
+                else:
+                    budget -= self.deferred
         # a decode's tokens advance here, as it is scheduled: nothing later in the step reads them (the admission
         # looks at waiting requests and the pool only; a preemption takes a victim not yet scheduled)
         decodes = decode_ctx = 0
         chunks, finished = [], []     # (seq, tokens) prefill chunks; decodes that sample their last token
         i = 0
-        while i < len(running) and budget > 0:
-            s = running[i]
+        while i < len(todo) and budget > 0:
+            s = todo[i]
             c, t = s.num_computed, s.num_tokens
             decoding = t - c == 1 and t > s.prompt
             if decoding and verify == 1 and c % granule and (c + 1) % granule:   # a decode inside a block
@@ -107,6 +142,11 @@ class Engine:
                 n = budget
             while not cache.allocate(s, n):
                 victim = running.pop()
+                if todo is not running:     # the victim had not been scheduled: deferred, or later in `todo`
+                    if victim.deferred_at is not None:
+                        budget += 1
+                    else:
+                        todo.remove(victim)
                 self._preempt(victim)
                 preempted = True
                 if victim is s:
@@ -128,6 +168,10 @@ class Engine:
                 i += 1
                 continue
             break
+        if self.deferred:      # the deferred decodes of this step (none finishes: each is looked at before)
+            decodes += self.deferred
+            decode_ctx += self.deferred_sum + self.deferred * self.tick
+        self.tick += 1
         load_s = 0.0
         if not preempted:
             load_s = self._admit(chunks, budget)
@@ -136,6 +180,61 @@ class Engine:
                 self.res.rejected_ids.append(self.waiting.popleft().req.rid)
             return
         self._run(decodes, decode_ctx, finished, chunks, load_s)
+        if self.defers:
+            self._defer()
+
+    # -- deferred decodes ------------------------------------------------------------------------------
+    def _defer(self) -> None:
+        """Take out of `active` each request whose next decodes neither fill nor open a block nor finish: it is
+        looked at again at the tick the first that does is due (a decode at num_computed c fills its block when
+        (c + 1) % block_size == 0 and opens one when c % block_size == 0)."""
+        g, tick, due, keep = self.cache.decode_granule, self.tick, self.due, []
+        for s in self.active:
+            c, t = s.num_computed, s.num_tokens
+            if t >= s.end:             # finished this step
+                continue
+            r = c % g
+            ahead = min(g - 1 - r, s.end - t - 1) if r and t - c == 1 and t > s.prompt else 0
+            if ahead > 0:
+                s.deferred_at, s.due_at = tick, tick + ahead
+                self.deferred += 1
+                self.deferred_sum += c - tick
+                later = due.get(tick + ahead)
+                if later is None:
+                    due[tick + ahead] = [s]
+                else:
+                    later.append(s)
+            else:
+                keep.append(s)
+        self.active = keep
+
+    def _undefer(self, s: Seq) -> None:
+        """Bring a deferred request's counts up to this tick."""
+        since = s.deferred_at
+        self.deferred -= 1
+        self.deferred_sum -= s.num_computed - since
+        s.num_computed += self.tick - since
+        s.num_tokens += self.tick - since
+        s.deferred_at = None
+
+    def _wake(self, tick: int) -> None:
+        """The deferred requests due now rejoin `active`, in batch order."""
+        due = self.due.pop(tick, None)
+        if due:
+            active = self.active
+            for s in due:
+                if s.deferred_at is not None and s.due_at == tick:
+                    self._undefer(s)
+                    active.append(s)
+            active.sort(key=_ORDER)
+
+    def _wake_all(self) -> None:
+        if self.deferred:
+            for s in self.running:
+                if s.deferred_at is not None:
+                    self._undefer(s)
+            self.due.clear()
+        self.active = list(self.running)
 
     def _decode_run(self, horizon: float) -> bool:
         """Steps in which every running request decodes one token, none finishes before the last, nobody
@@ -147,7 +246,7 @@ class Engine:
                                  or (self.cpu is None and cache.cannot_admit(self.waiting[0]))):
             return False
         steps, context = 1 << 30, 0
-        for s in running:
+        for s in (self.active if self.defers else running):     # deferred requests are decoding
             if s.num_tokens - s.num_computed != 1 or s.num_tokens == s.prompt:
                 return False
             left = s.end - s.num_tokens
@@ -159,22 +258,17 @@ class Engine:
         batch = len(running)
         if cost.par.pp > 1 or batch > cost.defaults.graph_max_batch:
             return False     # staged or eagerly launched steps: priced one by one (StepCost.step)
-        # the same terms as StepCost.step of `batch` decodes: with CUDA graphs and one stage, what the step costs
-        # beyond its kernels does not depend on them
-        outside_attention = cost.linear(batch) + cost.logits(batch)
-        overhead = cost.beyond_kernels(batch, batch, outside_attention, decode_only=True)
-        # step j ends at the sum of the steps before it, each outside_attention + its attention + overhead (numpy
-        # adds in the same order: the same floats), and the run ends with the first step that reaches the horizon
-        now, j = self.clock, 0
-        while j < steps:
-            attention = cost.decode_attention_from(batch, context // batch + j, steps - j)
-            ends = np.add.accumulate(np.concatenate(([now], outside_attention + attention + overhead)))[1:]
-            crossed = int(np.searchsorted(ends, horizon))
-            if crossed < len(ends):
-                j, now = j + crossed + 1, float(ends[crossed])
-                break
-            j, now = j + len(ends), float(ends[-1])
-        steps = j
+        if self.deferred:
+            # in a long batch, an arrival within four steps ends it as it would end the run below (the same step
+            # times); only then are the deferred requests looked at for the one that finishes first
+            context += self.deferred_sum + self.deferred * self.tick
+            if self.deferred >= LONG_BATCH and self._run_end(batch, context, 4, horizon)[0] < 4:
+                return False
+            self._wake_all()
+            steps = min(steps, min(s.end - s.num_tokens for s in running))
+            if steps < 4:
+                return False
+        steps, now = self._run_end(batch, context, steps, horizon)
         if steps < 4 or not cache.grow_all(running, steps):
             return False
         finished = []
@@ -187,11 +281,34 @@ class Engine:
         self.res.itl.append(((now - self.clock) / steps, batch * steps))
         self.clock = now
         self.res.steps += steps
+        self.tick += steps
         if cache.used_blocks > self.res.gpu_used_peak:
             self.res.gpu_used_peak = cache.used_blocks
         if finished:
             self._finish_all(finished, now)
+        if self.defers:
+            self._defer()
         return True
+
+    def _run_end(self, batch: int, context: int, steps: int, horizon: float) -> tuple[int, float]:
+        """(steps taken, end time) of a run of at most `steps` decode steps of `batch` requests over `context`
+        tokens in all, ending with the first step that reaches `horizon`."""
+        cost = self.cost
+        # the same terms as StepCost.step of `batch` decodes: with CUDA graphs and one stage, what the step costs
+        # beyond its kernels does not depend on them
+        outside_attention = cost.linear(batch) + cost.logits(batch)
+        overhead = cost.beyond_kernels(batch, batch, outside_attention, decode_only=True)
+        # step j ends at the sum of the steps before it, each outside_attention + its attention + overhead (numpy
+        # adds in the same order: the same floats)
+        now, j = self.clock, 0
+        while j < steps:
+            attention = cost.decode_attention_from(batch, context // batch + j, steps - j)
+            ends = np.add.accumulate(np.concatenate(([now], outside_attention + attention + overhead)))[1:]
+            crossed = int(np.searchsorted(ends, horizon))
+            if crossed < len(ends):
+                return j + crossed + 1, float(ends[crossed])
+            j, now = j + len(ends), float(ends[-1])
+        return j, now
 
     def _admit(self, chunks: list, budget: int) -> float:
         cfg, cache, res, load_s = self.config, self.cache, self.res, 0.0
@@ -211,6 +328,10 @@ class Engine:
             self.running.append(s)
             if cfg.reserve_output:
                 self.reserved_blocks += cache.required_blocks(s.end)
+            s.order = self.admissions
+            self.admissions += 1
+            if self.defers:
+                self.active.append(s)
             s.num_computed = hit + ext
             s.prompt_done = False
             load_s += transfer
@@ -265,6 +386,8 @@ class Engine:
                                                         islice(s.hashes, reused // bs, max(stop, reused // bs)))))
 
     def _preempt(self, s: Seq) -> None:
+        if s.deferred_at is not None:
+            self._undefer(s)
         self.cache.free_seq(s, finished=False)
         self._release(s)
         self.res.preemptions += 1

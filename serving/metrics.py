@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)   # not frozen: one per request is built in the event loop, and frozen fields cost 10x
 class RequestRecord:
     rid: int
     arrival_s: float

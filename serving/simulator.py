@@ -46,6 +46,16 @@ class ServerConfig:
 
 
 PROGRESS_EVERY = 16   # engine step calls between progress reports
+INF = float("inf")
+
+
+def _earliest(engines: list[Engine]) -> Engine | None:
+    """The instance with work whose clock is earliest (the lowest index on a tie)."""
+    best = None
+    for e in engines:
+        if (e.waiting or e.running) and (best is None or e.clock < best.clock):
+            best = e
+    return best
 
 
 def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, arrivals=None,
@@ -66,8 +76,7 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
     entering: list = []            # heap of (entry time, order, seq, engine)
     last_t, ticks = 0.0, 0
     while True:
-        busy = [e for e in engines if e.has_work()]
-        engine = min(busy, key=lambda e: (e.clock, e.index)) if busy else None
+        engine = _earliest(engines)
         t_arrival = arrivals.next_time()
         t_entry = entering[0][0] if entering else None
         if t_entry is not None and (t_arrival is None or t_entry <= t_arrival) and \
@@ -95,7 +104,7 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
         if cpu is not None and engine.clock > last_t:
             res.cpu_block_s += len(cpu) * (engine.clock - last_t)
             last_t = engine.clock
-        engine.step(min(t for t in (t_arrival, t_entry, float("inf")) if t is not None))
+        engine.step(min(t_arrival if t_arrival is not None else INF, t_entry if t_entry is not None else INF))
         ticks += 1
         if on_progress is not None and ticks % PROGRESS_EVERY == 0:
             on_progress(len(res.records) + len(res.rejected_ids), len(requests))

@@ -41,8 +41,8 @@ class FreeQueue:
 
     def popleft(self, n: int) -> list[int]:
         items, h = self.items, self.head
-        if not self.num_stale:
-            out = items[h:h + n]
+        out = items[h:h + n]
+        if not self.num_stale or self.stale.keys().isdisjoint(out):    # no stale entry among the next n
             h += n
         else:
             out, stale = [], self.stale
@@ -69,6 +69,17 @@ class FreeQueue:
         self.stale[b] = self.stale.get(b, 0) + 1
         self.num_stale += 1
         self.size -= 1
+
+    def remove_all(self, blocks: list[int]) -> None:
+        """Take distinct blocks out of the queue (their entries go stale)."""
+        stale = self.stale
+        if stale.keys().isdisjoint(blocks):
+            stale.update(dict.fromkeys(blocks, 1))
+        else:
+            for b in blocks:
+                stale[b] = stale.get(b, 0) + 1
+        self.num_stale += len(blocks)
+        self.size -= len(blocks)
 
     def append(self, blocks: list[int]) -> None:
         self.items.extend(blocks)
@@ -179,8 +190,7 @@ class VllmBlockCache:
         if held is None:
             held = self.blocks[seq.sid] = list(hit)
             if touched_free:
-                for b in touched_free:   # hit blocks all have a hash
-                    free.remove(b)
+                free.remove_all(touched_free)    # hit blocks all have a hash
                 self.free_cached -= len(touched_free)
             for b in hit:
                 ref[b] += 1
@@ -212,16 +222,18 @@ class VllmBlockCache:
     def free_seq(self, seq, finished: bool) -> None:
         """Release a finished or preempted request's blocks, tail first."""
         held = self.blocks.pop(seq.sid, None)
-        self.num_cached.pop(seq.sid, None)
+        cached = self.num_cached.pop(seq.sid, 0)
         if not held:
             return
         self.releases += 1
-        ref, hashes = self.ref, self.hash
-        first, last = [], []
-        for b in reversed(held):
+        ref = self.ref
+        # the blocks after its cached ones have no hash and no other holder (only a lookup's hit shares a block)
+        first, head = held[cached:][::-1], held[:cached][::-1]
+        for b in first:
+            ref[b] = 0
+        for b in head:
             ref[b] -= 1
-            if not ref[b]:
-                (last if hashes[b] else first).append(b)
+        last = [b for b in head if not ref[b]]
         if first:
             self.free.prepend(first)
         self.free.append(last)
@@ -230,11 +242,11 @@ class VllmBlockCache:
     # -- internals -------------------------------------------------------------------------------------
     def _grow(self, held: list[int], n: int) -> None:
         new = self.free.popleft(n)
-        ref, hashes, cached, evicted = self.ref, self.hash, self.cached, 0
+        ref, hashes, cached, copies, evicted = self.ref, self.hash, self.cached, self.copies, 0
         for b in new:
             h = hashes[b]
             if h:                          # a free block that still held cached KV: evicted now
-                if h not in self.copies and cached[h] == b:
+                if h not in copies and cached[h] == b:
                     del cached[h]
                 else:
                     self._forget(b, h)

@@ -327,3 +327,32 @@ def test_a_decode_run_costs_what_its_steps_cost_one_by_one(cost, monkeypatch):
     assert together.makespan_s == pytest.approx(apart.makespan_s, rel=1e-9)
     ends = lambda res: sorted((r.rid, r.finish_s) for r in res.records)    # noqa: E731
     assert [t for _, t in ends(together)] == pytest.approx([t for _, t in ends(apart)], rel=1e-9)
+
+
+@pytest.mark.parametrize("config", [
+    dict(gpu_blocks=20_000),                                       # ample: decode runs, arrivals between them
+    dict(gpu_blocks=900, max_running=128),                         # evictions and preemptions
+    dict(gpu_blocks=1500, max_prefill_tokens=200, max_running=300),  # the budget runs out inside the batch
+    dict(gpu_blocks=2000, block_size=4, cpu_blocks=3000, block_bytes=1e5, instances=2),   # small blocks, CPU tier
+])
+def test_deferred_decodes_change_no_number(cost, monkeypatch, config):
+    """Decodes inside a block are left out of the step loop (serving/engine.py, Engine._defer): every record,
+    total and ITL sample is what looking at every request in every step gives."""
+    from dataclasses import fields
+
+    from serving.engine import Engine
+
+    def run():
+        reqs = preset("multi-turn-chat", 500, 40.0, 3, PresetSizes())
+        res = simulate(reqs, cost, ServerConfig(api_server=False, **config))
+        return {f.name: getattr(res, f.name) for f in fields(res)}
+    deferred = run()
+    init = Engine.__init__
+
+    def every_request(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        assert self.defers      # the case under test
+        self.defers = False
+    monkeypatch.setattr(Engine, "__init__", every_request)
+    assert run() == deferred
+    assert deferred["preemptions"] > 0 or config["gpu_blocks"] != 900
