@@ -65,3 +65,20 @@ def test_the_fit_recovers_a_host_floor_and_refits_only_the_format_named():
     assert cal.gemm["fp8"] == base.gemm["fp8"]                    # not named: kept
     fitted = cal.gemm["fp8_block"]
     assert abs(fitted.host_us - 250.0) < 25.0 and abs(fitted.host_unaligned_us - 100.0) < 25.0, fitted
+
+
+def test_one_row_fp8_calls_cost_more_on_blackwell_only():
+    """vLLM's per-tensor fp8 GEMM at m = 1 takes ~13-15 us more than at m = 2 on every Blackwell part, on x86 and
+    Grace hosts alike (GemmParams.one_row_us); H100 shows none."""
+    objs = [json.loads(line) for line in (SAMPLES / "vllm_fp8_one_row.jsonl").read_text().splitlines()]
+    for system in ("b200_sxm", "gb200", "b300_sxm", "gb300", "h100_sxm"):
+        hw = load_profile(BLACKWELL_VLLM.get(system, "h100"))
+        cal = hw.engine("vllm")
+        mine = [o for o in objs if o["system"] == system]
+        rows = [parse_row({k: o[k] for k in ("op", "m", "n", "k", "dtype")}, i) for i, o in enumerate(mine, 1)]
+        measured = np.array([o["measured_ms"] * 1e-3 for o in mine])
+        predicted = price_rows(cal, hw, rows)
+        one = np.array([o["m"] == 1 for o in mine])
+        assert np.median(np.abs(predicted[one] / measured[one] - 1)) < 0.2, (system, predicted[one] / measured[one])
+        extra = np.median((measured[one] - measured[~one]) * 1e6)
+        assert (extra > 8.0) == (system != "h100_sxm") and (cal.gemm["fp8"].one_row_us > 8.0) == (extra > 8.0)

@@ -65,6 +65,10 @@ class GemmParams(ParamSet):
                                      "and its copy), us")
     host_overlap: float = param(4.0, 1.0, 10.0, "p of the soft max of host and device time: how much of the "
                                 "device's work hides under the host's (1: none, serial; large: all)")
+    one_row_us: float = param(0.0, 0.0, 50.0, "extra device time of a call with one row (m = 1). vLLM's per-tensor "
+                              "fp8 calls on Blackwell take ~13-15 us more at m = 1 than at m = 2, for every n and k "
+                              "and on x86 and Grace hosts alike (so not the host); Hopper's and every bf16 call "
+                              "take none. 0: no such path, us")
 
 
 def host_issue_s(p: GemmParams, m, n, k) -> np.ndarray:
@@ -105,7 +109,8 @@ def gemm_time(p: GemmParams, compute_units: int, peak_flops: float, bandwidth: f
     boost = p.boost_us * 1e-6
     compute = np.minimum(compute, boost) + np.maximum(compute - boost, 0.0) * p.sustained_slowdown
 
-    fixed = p.fixed_us * 1e-6 + (splits > 1) * p.split_k_us * 1e-6 + m * p.row_ns * 1e-9
+    fixed = p.fixed_us * 1e-6 + (splits > 1) * p.split_k_us * 1e-6 + m * p.row_ns * 1e-9 \
+        + (m == 1) * p.one_row_us * 1e-6
     total = soft_max(compute, memory, p.smoothness) + fixed
     total = np.where((splits > 1) & (k / splits < K_STEP), np.inf, total)  # no split below one K step
     flat = total.reshape(*shape, -1)
