@@ -15,6 +15,7 @@ from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.__main__ import ArgumentParser, add_model_arguments, model_spec, trace_options
 from tracer.model_source import ModelError
 
+from serving.capacity import CAPACITY_SCHEDULERS
 from serving.speculative import METHODS as SPECULATIVE_METHODS, Speculation, parse_speculation
 from serving.workload import WorkloadError
 
@@ -200,6 +201,18 @@ def add_streaming_argument(p: argparse.ArgumentParser) -> None:
                         "(default); --no-stream: each request's tokens come back with its completion. Streaming "
                         "costs an engine a response per running request per step (TensorRT-LLM's fitted "
                         "stream_us; vLLM's and SGLang's per-request terms were fitted on streaming runs)")
+
+
+def add_capacity_scheduler_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--capacity-scheduler", default=None, choices=CAPACITY_SCHEDULERS["trtllm"],
+                   help="TensorRT-LLM's KV admission policy (default guaranteed_no_evict: a request is admitted "
+                        "with its whole output's blocks, and nobody is preempted; max_utilization admits what fits "
+                        "now, as vLLM does)")
+
+
+def check_capacity_scheduler(args) -> None:
+    if args.capacity_scheduler and args.capacity_scheduler not in CAPACITY_SCHEDULERS.get(args.engine, ()):
+        raise InputError(f"--capacity-scheduler is TensorRT-LLM's; {args.engine} has one admission policy")
 
 
 def add_speculation_arguments(p: argparse.ArgumentParser, several_k: bool = False) -> None:

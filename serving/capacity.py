@@ -55,6 +55,16 @@ def output_kv_share(engine: str, capacity_scheduler: str | None = None) -> float
     return KV_ADMISSION[kv_admission(engine, capacity_scheduler)]
 
 
+def kv_admission_note(engine: str, policy: str) -> str | None:
+    """The output's note on how the engine admits KV, where a launch can choose (None elsewhere)."""
+    if engine not in CAPACITY_SCHEDULERS:
+        return None
+    how = ("a request is admitted with its whole output's blocks; --capacity-scheduler max_utilization admits what "
+           "fits now" if policy == "guaranteed_no_evict" else
+           "a request holds the blocks it has filled; the newest pause when they run out")
+    return f"KV admission: TensorRT-LLM's {policy} capacity scheduler ({how})"
+
+
 def reserves_whole_output(engine: str, capacity_scheduler: str | None = None) -> bool:
     """The policy admits a request only with its whole sequence's blocks (the simulator's reserve_output)."""
     return output_kv_share(engine, capacity_scheduler) >= 1.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from serving.capacity import kv_admission_note
 from serving.search import DISAGG, MAX, RATE
 from tracer.table import format_table
 
@@ -180,10 +181,8 @@ def render(r: dict, wide: bool = False, origin_lines=()) -> str:
                     "priced" in n})
     notes = [n for n in origin_lines if n not in notes] + notes
     notes += [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()] + [r["price_note"]]
-    if r.get("engine") == "trtllm":
-        notes.append(f"KV admission: TensorRT-LLM's {r['kv_admission']} capacity scheduler ("
-                     + ("a request is admitted with its whole output's blocks; --capacity-scheduler "
-                        "max_utilization admits what fits now" if r["kv_admission"] == "guaranteed_no_evict" else
-                        "a request holds the blocks it has filled; the newest pause when they run out") + ")")
+    admission = r.get("kv_admission") and kv_admission_note(r["engine"], r["kv_admission"])
+    if admission:
+        notes.append(admission)
     parts += [f"warning: {w}" for w in r["warnings"] if w.startswith("overload")]
     return "\n".join(parts + [f"note: {n}" for n in notes])

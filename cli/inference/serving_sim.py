@@ -20,7 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from cost.engines import ENGINES, serving_overheads
-from serving.capacity import CAPACITY_SCHEDULERS, kv_admission, replica_memory, reserves_whole_output
+from serving.capacity import kv_admission, kv_admission_note, replica_memory, reserves_whole_output
 from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
 from serving.routing import ROUTERS
@@ -39,7 +39,8 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from ..common import (MAX_BATCH_TOKENS, MAX_REQUESTS, MAX_RUNNING, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser,
-                      add_speculation_arguments, add_streaming_argument, speculations,
+                      add_capacity_scheduler_argument, add_speculation_arguments, add_streaming_argument,
+                      check_capacity_scheduler, speculations,
                       Layout, add_device_arguments, add_model_arguments, check_layout_or_fail, check_plot_path,
                       dumps_strict, finite_float, load_device, model_spec, origin_notes, positive_int,
                       quiet_broken_pipe, run_main, trace_options, warn)
@@ -197,8 +198,7 @@ def run(args) -> dict:
     args.max_running = args.max_running or defaults.max_num_seqs
     args.max_prefill_tokens = args.max_prefill_tokens or defaults.max_batched_tokens
     MAX_RUNNING.check(args.max_running, "--max-running")
-    if args.capacity_scheduler and args.capacity_scheduler not in CAPACITY_SCHEDULERS.get(args.engine, ()):
-        raise InputError(f"--capacity-scheduler is TensorRT-LLM's; {args.engine} has one admission policy")
+    check_capacity_scheduler(args)
     MAX_BATCH_TOKENS.check(args.max_prefill_tokens, "--max-prefill-tokens")
     check_plot_path(args.plot)
     requests = load_workload(args)
@@ -361,11 +361,9 @@ def render(out: dict) -> str:
                  f"position, seeded; 'tokens per step' is what the run drew)")
     for note in origin_notes(out["origin"]):
         text += f"\nnote: {note}"
-    if out["engine"] == "trtllm" and out.get("kv_admission"):
-        text += (f"\nnote: KV admission: TensorRT-LLM's {out['kv_admission']} capacity scheduler ("
-                 + ("a request is admitted only with its whole sequence's blocks" if out["kv_admission"] ==
-                    "guaranteed_no_evict" else "admitted as blocks free, the newest preempted when they run out")
-                 + ")")
+    admission = out.get("kv_admission") and kv_admission_note(out["engine"], out["kv_admission"])
+    if admission:
+        text += f"\nnote: {admission}"
     text += f"\nnote: {out['price_note']}"
     return (out["origin"]["headline"] + "\n" if out["origin"]["headline"] else "") + text
 
@@ -466,9 +464,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of a preset's random choices and arrivals (default 0)")
     p.add_argument("--block-size", type=bounded_int(1 << 16), default=16,
                    help="tokens per KV block; prefix hits count in whole blocks (default 16)")
-    p.add_argument("--capacity-scheduler", default=None, choices=CAPACITY_SCHEDULERS["trtllm"],
-                   help="TensorRT-LLM's KV admission (default guaranteed_no_evict: a request is admitted only with "
-                        "its whole sequence's blocks, and nobody is preempted; max_utilization admits as vLLM does)")
+    add_capacity_scheduler_argument(p)
     p.add_argument("--cache-policy", default="vllm", choices=list(CACHE_POLICIES),
                    help="whose prefix-cache rules: vllm (paged blocks, default) or sglang (token radix tree)")
     p.add_argument("--gpu-cache-gb", default="auto", help="KV cache size per GPU instance, or auto (memory left "

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from cost.engines import ENGINES
 from cost.layout_checks import Layout as CheckedLayout, ModelFacts, check_layout
-from serving.capacity import CAPACITY_SCHEDULERS, kv_admission
+from serving.capacity import kv_admission
 from serving.layouts import LayoutSpace, layouts
 from serving.lengths import bundled_sets, read_lengths
 from serving.search import (CONCURRENCY, DISAGG, MAX, MIXED, RATE, STATS, Candidate, EngineSettings, LatencyLimits,
@@ -35,8 +35,8 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, MAX_TOKENS, ArgumentParser,
-                      add_device_arguments, add_model_arguments, add_speculation_arguments, add_streaming_argument,
-                      check_plot_path,
+                      add_capacity_scheduler_argument, add_device_arguments, add_model_arguments,
+                      add_speculation_arguments, add_streaming_argument, check_capacity_scheduler, check_plot_path,
                       dumps_strict, hit_rate, limit_ms, load_device, model_spec, origin_notes, positive_int,
                       quiet_broken_pipe, run_main, speculations, trace_options, warn)
 from ..progress import Progress
@@ -113,8 +113,7 @@ def check_flags(args) -> None:
         MAX_BATCH_TOKENS.check(args.max_prefill_tokens, "--max-prefill-tokens")
     if args.prefix_cache_block_size > 1:
         MAX_TOKENS.check(args.prefix_cache_block_size, "--prefix-cache-block-size")
-    if args.capacity_scheduler and args.capacity_scheduler not in CAPACITY_SCHEDULERS.get(args.engine, ()):
-        raise InputError(f"--capacity-scheduler is TensorRT-LLM's; {args.engine} has one admission policy")
+    check_capacity_scheduler(args)
 
 
 def _hit_rate(args, warnings: list[str]) -> tuple[float, list | None]:
@@ -481,9 +480,7 @@ def main(argv=None) -> int:
                    help="requests running at once per replica (default: the engine's)")
     p.add_argument("--gpu-memory-utilization", type=typed(_fraction), default=None,
                    help="share of GPU memory the engine plans for (default: the engine's, 0.9 for vLLM)")
-    p.add_argument("--capacity-scheduler", default=None, choices=CAPACITY_SCHEDULERS["trtllm"],
-                   help="TensorRT-LLM's KV admission policy (default guaranteed_no_evict: a request is admitted "
-                        "with its whole output's blocks; max_utilization admits what fits now, as vLLM does)")
+    add_capacity_scheduler_argument(p)
     p.add_argument("--mode", default=MIXED, choices=[MIXED, DISAGG, "both"],
                    help="mixed: prefill and decode on the same instances; disagg: separate prefill and decode "
                         "pools, each with its own TP")
