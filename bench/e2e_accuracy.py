@@ -77,13 +77,25 @@ def predict_all(runs, predictor: Predictor, overheads: ServingOverheads | None =
     return out
 
 
+def at_rate(predictor: Predictor, run, rate: float) -> dict:
+    """The predicted means of `run` at `rate` requests/s (whole deployment) instead of its own."""
+    return predictor.predict(replace(run, load=replace(run.load, value=rate / run.replicas)))[0]
+
+
 def limit_rates(runs, predictor: Predictor) -> list[tuple]:
-    """(run, predicted highest rate within the p99 limits, the submitter's rate) for rows with latency limits."""
+    """(run, predicted highest rate within the p99 limits, the submitter's rate, the predicted means at that
+    highest rate, how steeply the predicted mean TPOT moves with the rate at the submitter's: d ln TPOT / d ln rate
+    over +-2%) for rows with latency limits."""
     out = []
     for run in runs:
         if run.latency_limits and run.load.kind == "rate":
+            submitted = run.load.value * run.replicas
             try:
-                out.append((run, rate_within_limits(predictor, run), run.load.value * run.replicas))
+                highest = rate_within_limits(predictor, run)
+                at_limit = at_rate(predictor, run, highest) if highest > 0 else {}
+                lo, hi = at_rate(predictor, run, submitted * 0.98), at_rate(predictor, run, submitted * 1.02)
+                steepness = float(np.log(hi["tpot_ms"] / lo["tpot_ms"]) / np.log(1.02 / 0.98))
+                out.append((run, highest, submitted, at_limit, steepness))
             except (ValueError, RuntimeError) as e:
                 print(f"{run.id}: no rate within limits: {e}", file=sys.stderr)
     return out
@@ -91,7 +103,7 @@ def limit_rates(runs, predictor: Predictor) -> list[tuple]:
 
 def limits_table(rates: list[tuple]) -> str:
     groups: dict = defaultdict(list)
-    for run, predicted, submitted in rates:
+    for run, predicted, submitted, *_ in rates:
         scenario = run.id.rsplit("-", 1)[-1]
         for key in (("all",), (run.source_kind, scenario), (run.source_kind, scenario, run.device)):
             groups[key].append(predicted / submitted - 1)
@@ -100,6 +112,28 @@ def limits_table(rates: list[tuple]) -> str:
         s = stats(groups[key])
         lines.append(f"| {' / '.join(key)} | {s['n']} | {s['median']:.1%} | {s['p90']:.1%} | {s['max']:.1%} | "
                      f"{s['signed_median']:+.1%} |")
+    return "\n".join(lines)
+
+
+def operating_point_table(rates: list[tuple]) -> str:
+    """Mean TTFT and TPOT where each side's p99 limits stop the load: predicted at the predicted highest rate,
+    measured at the submitter's; and how steep the predicted TPOT is in the rate at the submitter's rate."""
+    groups: dict = defaultdict(lambda: defaultdict(list))
+    for run, _, _, at_limit, steepness in rates:
+        scenario = run.id.rsplit("-", 1)[-1]
+        for key in (("all",), (run.source_kind, scenario), (run.source_kind, scenario, run.model)):
+            for m in ("ttft_ms", "tpot_ms"):
+                if m in at_limit and m in run.measured:
+                    groups[key][m].append(at_limit[m] / run.measured[m] - 1)
+            groups[key]["steepness"].append(steepness)
+    lines = ["| group | rows | mean TTFT median (signed) | mean TPOT median (signed) | d ln TPOT / d ln rate, median |",
+             "|---|---|---|---|---|"]
+    for key in sorted(groups, key=lambda k: (len(k) > 1, k)):
+        g = groups[key]
+        cell = {m: (f"{stats(g[m])['median']:.1%} ({stats(g[m])['signed_median']:+.1%})" if g[m] else "-")
+                for m in ("ttft_ms", "tpot_ms")}
+        lines.append(f"| {' / '.join(key)} | {len(g['steepness'])} | {cell['ttft_ms']} | {cell['tpot_ms']} | "
+                     f"{np.median(g['steepness']):.1f} |")
     return "\n".join(lines)
 
 
@@ -145,7 +179,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({"rows": len(rows), "skipped": skipped, "seconds": time.time() - t0,
                           "groups": {" / ".join(k): {m: stats(v) for m, v in ms.items()} for k, ms in errs.items()},
-                          "rate_within_limits": [{"id": r.id, "predicted": p, "submitted": s} for r, p, s in rates],
+                          "rate_within_limits": [{"id": r.id, "predicted": p, "submitted": s, "at_predicted_rate": a,
+                                                  "tpot_steepness": k} for r, p, s, a, k in rates],
                           "predictions": [{"id": r.id, "measured": r.measured, "predicted": pr} for r, pr in rows]},
                          indent=1))
         return 0
@@ -154,6 +189,10 @@ def main(argv=None) -> int:
     if rates:
         print("\nHighest request rate within the p99 TTFT/TPOT limits, predicted against the submitter's rate:\n")
         print(limits_table(rates))
+        print("\nMean TTFT and TPOT at the operating point the p99 limits allow (predicted at the predicted highest "
+              "rate, measured at the submitter's), and the predicted TPOT's steepness in the rate at the "
+              "submitter's rate:\n")
+        print(operating_point_table(rates))
     if args.rows:
         print("\n| id | model | gpu | tp | isl/osl | load | metric | predicted | measured | error |")
         print("|---|---|---|---|---|---|---|---|---|---|")

@@ -1,7 +1,7 @@
 """Fit an engine's streaming cost (cost/engines.py ServingOverheads.stream_us: a response per running request per
 step when the client takes every token as it comes) on the MLPerf Server and Interactive runs.
 
-    python -m serving.calibrate_stream --engine trtllm [--data FILE ...] [--grid 0,10,20,30] [--seed 0]
+    python -m serving.calibrate_stream --engine trtllm [--data FILE ...] [--grid 0,10,20,30,40,50] [--seed 0]
         [--fit-fraction 0.5] [--jobs 2] [--output FILE | --write]
 
 The same systems ran Offline, which does not stream and whose batches cost less per step; that difference is
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", nargs="+", default=sorted(str(f) for f in DEV_SET.glob("*.jsonl")),
                    help="JSONL files of end-to-end runs (default: every file of ../shared/measurements/e2e)")
     p.add_argument("--engine", default="trtllm", choices=list(ENGINES), help="engine whose runs to fit")
-    p.add_argument("--grid", default="0,10,20,30", help="stream_us values priced, us (default 0,10,20,30)")
+    p.add_argument("--grid", default="0,10,20,30,40,50", help="stream_us values priced, us (default 0,10,20,30,40,50)")
     p.add_argument("--fit-fraction", type=float, default=0.5, help="share of the runs fitted (default 0.5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fit/held-out split")
     p.add_argument("--jobs", type=int, default=1, help="processes pricing runs in parallel (default 1)")

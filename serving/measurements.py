@@ -32,14 +32,25 @@ ENGINES = {"tensorrt-llm": "trtllm", "trtllm": "trtllm", "vllm": "vllm", "sglang
 
 
 @lru_cache(maxsize=1)
-def _systems() -> dict[str, dict]:
-    data = json.loads((Path(__file__).parent / "data" / "mlperf_systems.json").read_text(encoding="utf-8"))
-    return data["systems"]
+def _mlperf_systems() -> dict:
+    return json.loads((Path(__file__).parent / "data" / "mlperf_systems.json").read_text(encoding="utf-8"))
 
 
 def _system(source: str | None) -> dict:
     """What serving/data/mlperf_systems.json states of the system a row's results folder belongs to ({}: nothing)."""
-    return next((entry for path, entry in _systems().items() if path in (source or "")), {})
+    return next((entry for path, entry in _mlperf_systems()["systems"].items() if path in (source or "")), {})
+
+
+def _harness_benchmark(source: str | None, harness: str | None) -> dict:
+    """What mlperf_systems.json states of a benchmark as the harness the row names runs it on every system
+    ({}: nothing); the benchmark is the results folder below the system's (results/SYSTEM/BENCHMARK/...)."""
+    m = re.search(r"/results/[^/]+/([^/]+)/", source or "")
+    if not m or not harness:
+        return {}
+    for name, benchmarks in _mlperf_systems().get("harnesses", {}).items():
+        if harness.startswith(name):
+            return benchmarks.get(m.group(1), {})
+    return {}
 
 
 def system_device(device: str | None, source: str | None) -> str | None:
@@ -49,10 +60,16 @@ def system_device(device: str | None, source: str | None) -> str | None:
     return f"{device}:{topology}" if device and topology and ":" not in device else device
 
 
-def system_kv_dtype(source: str | None) -> str | None:
-    """The KV-cache format the submitter's code states for its system (serving/data/mlperf_systems.json), where
-    the row itself states none."""
-    return _system(source).get("kv_cache_dtype")
+def harness_weights(source: str | None, harness: str | None) -> str | None:
+    """The weight format the harness's code runs a benchmark in, whatever base precision the row names (MLPerf's
+    system files say fp16 for NVIDIA's fp16 + use_fp8 builds): serving/data/mlperf_systems.json 'harnesses'."""
+    return _harness_benchmark(source, harness).get("weights")
+
+
+def system_kv_dtype(source: str | None, harness: str | None = None) -> str | None:
+    """The KV-cache format the submitter's code states for its system, or the harness's code for the benchmark
+    (serving/data/mlperf_systems.json), where the row itself states none."""
+    return _system(source).get("kv_cache_dtype") or _harness_benchmark(source, harness).get("kv_cache_dtype")
 
 
 def streamed(run_id: str, api_server: bool) -> bool:

@@ -29,7 +29,7 @@ from tracer.work import TraceOptions
 from .capacity import output_kv_share
 from .engine_flags import stated_settings
 from .lengths import bundled
-from .measurements import streamed, system_device, system_kv_dtype
+from .measurements import harness_weights, streamed, system_device, system_kv_dtype
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
 from .speculative import Speculation, parse_speculation, speculative_step
 from .step_cost import StepCost
@@ -204,6 +204,8 @@ def _skip_reason(r: dict, model, device, engine) -> str | None:
         return f"weight format '{r.get('precision')}' is not modelled"
     if not r.get("isl") or not r.get("osl"):
         return "lengths not stated"
+    if (r.get("num_gpus") or 1) > 1 and not r.get("tp") and not r.get("dp"):
+        return f"layout not stated ({r['num_gpus']} GPUs, no TP or DP)"
     return None
 
 
@@ -262,9 +264,14 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     ep = int(r.get("ep") or (tp if flags.expert_parallel else 1))
     measured, percentiles = _measured(r)
     scenario = r["id"].rsplit("-", 1)[-1]
+    dtype = _dtype(r["precision"], model, r.get("checkpoint"))
+    if dtype in ("fp16", "bf16"):       # a base precision the harness's code quantizes from
+        dtype = harness_weights(r.get("source"), r.get("engine")) or dtype
+    kv_dtype = (r.get("kv_cache_dtype") or flags.kv_cache_dtype or system_kv_dtype(r.get("source"), r.get("engine"))
+                or _checkpoint_kv(r.get("checkpoint")))
     run = PublishedRun(
         r["id"], r["source_kind"], model, device, engine, _release(engine, r.get("engine_version")),
-        _dtype(r["precision"], model, r.get("checkpoint")), r.get("kv_cache_dtype") or flags.kv_cache_dtype or system_kv_dtype(r.get("source")) or _checkpoint_kv(r.get("checkpoint")), tp,
+        dtype, kv_dtype, tp,
         max(1, round(r["isl"])), max(1, round(r["osl"])), _load(r, replicas), flags.memory_fraction, measured,
         "trtllm-bench" in (r.get("engine_flags") or "") or "trtllm-bench" in (r.get("engine") or ""), ep, replicas,
         flags.max_num_seqs, flags.max_batched_tokens, flags.chunked_prefill, r.get("mode", ""), percentiles,

@@ -227,19 +227,40 @@ def test_rate_within_limits_of_a_refused_setup_is_refused():
 
 
 def test_submitters_stated_kv_format_fills_a_row_that_states_none():
-    """AMD's MLPerf v4.1 code quantizes Llama-2-70B with an FP8 KV cache (closed/AMD/code/llama2-70b-99/README.md);
-    the rows state no KV format."""
+    """AMD's MLPerf v4.1 code quantizes Llama-2-70B with an FP8 KV cache (closed/AMD/code/llama2-70b-99/README.md),
+    on AMD's systems and on Dell's that run AMD's harness; the rows state no KV format."""
     row = {"id": "a-Offline", "source": "closed/AMD/results/8xMI300X_2xEPYC-TURIN/llama2-70b-99/Offline/x",
-           "source_kind": "mlperf_inference_v4.1", "engine": "vLLM", "engine_version": "vLLM 0.4.3",
-           "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8", "gpu": "MI300X-192GB", "num_gpus": 8,
-           "tp": 1, "dp": 8, "isl": 222.3, "osl": 291.0, "mode": "offline_max_throughput", "num_requests": 400,
-           "output_tok_s": 20000.0}
+           "source_kind": "mlperf_inference_v4.1", "engine": "vLLM (ROCm, AMD MLPerf harness)",
+           "engine_version": "vLLM 0.4.3", "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp8",
+           "gpu": "MI300X-192GB", "num_gpus": 8, "tp": 1, "dp": 8, "isl": 222.3, "osl": 291.0,
+           "mode": "offline_max_throughput", "num_requests": 400, "output_tok_s": 20000.0}
     run, why = map_row(row)
     assert why is None and run.kv_dtype == "fp8"
     run, _ = map_row({**row, "kv_cache_dtype": "bf16"})       # what a row states wins
     assert run.kv_dtype == "bf16"
     run, _ = map_row({**row, "source": "closed/Dell/results/XE9680_MI300X_192GBx8/llama2-70b-99/Offline/x"})
+    assert run.kv_dtype == "fp8"
+    run, _ = map_row({**row, "engine": "vLLM"})                # another harness: its code says nothing here
     assert run.kv_dtype is None
+
+
+def test_nvidia_harness_formats_fill_mixtral_and_a_base_precision():
+    """NVIDIA's MLPerf builders quantize Mixtral and Llama-2 to FP8 weights with an FP8 KV cache and refuse
+    anything else (closed/NVIDIA/code/*/tensorrt/builder.py): a partner's row that says fp16 and no KV format runs
+    fp8/fp8; a row stating fp4 (B200's preview) keeps fp4."""
+    row = {"id": "m-Server", "source": "closed/Dell/results/XE8640_H100_SXM_80GBx4_TRT/mixtral-8x7b/Server/x",
+           "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM (NVIDIA MLPerf harness)",
+           "model": "mistralai/Mixtral-8x7B-Instruct-v0.1", "precision": "fp16", "gpu": "H100-SXM-80GB",
+           "num_gpus": 4, "tp": 1, "dp": 4, "isl": 427.0, "osl": 146.0, "mode": "online_request_rate",
+           "request_rate": 40.0, "output_tok_s": 5000.0}
+    run, why = map_row(row)
+    assert why is None and (run.dtype, run.kv_dtype) == ("fp8", "fp8")
+    run, _ = map_row({**row, "precision": "fp4"})
+    assert run.dtype == "fp4"
+    run, _ = map_row({**row, "engine": "TensorRT-LLM"})        # not NVIDIA's harness: the row's own words
+    assert (run.dtype, run.kv_dtype) == ("fp16", None)
+    run, why = map_row({**row, "tp": None, "dp": None})        # 4 GPUs and no layout: not guessed
+    assert run is None and "layout not stated" in why
 
 
 def test_from_serving_prices_a_row_at_its_stated_cap(tmp_path):
