@@ -18,6 +18,7 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 
 from cost.engines import ENGINES, ServingOverheads, engine_releases, release_key
@@ -111,7 +112,18 @@ def _release(engine: str, version: str | None) -> str | None:
     text = version or ""
     label = {"vllm": r"vllm\s*v?", "sglang": r"sglang\s*v?", "trtllm": r"tensorrt-llm\s*v?"}[engine]
     m = re.search(label + r"(\d+)\.(\d+)", text, re.IGNORECASE) or re.match(r"\s*v?(\d+)\.(\d+)", text)
-    return f"{int(m.group(1))}.{int(m.group(2))}" if m else None
+    if m:
+        return f"{int(m.group(1))}.{int(m.group(2))}"
+    if re.search(r"@[0-9a-f]{7,}", text):   # a commit names the engine; the libraries beside it may be stale
+        return None
+    # a row that names only the libraries it was built with (serving/data/engine_builds.json)
+    return next((b["release"] for b in _engine_builds().get(engine, [])
+                 if re.search(re.escape(b["build"]) + r"(?!\d)", text, re.IGNORECASE)), None)
+
+
+@lru_cache(maxsize=None)
+def _engine_builds() -> dict:
+    return json.loads((resources.files("serving") / "data" / "engine_builds.json").read_text())
 
 
 def _dtype(precision: str, model: str | None = None, checkpoint: str | None = None) -> str | None:
