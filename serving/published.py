@@ -45,7 +45,8 @@ MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-
           "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b", "openai/gpt-oss-20b": "gpt-oss-20b",
           "openai/gpt-oss-120b": "gpt-oss-120b", "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",   # V3's architecture
           "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
-          "zai-org/GLM-4.5-Air": "glm-4.5-air", "zai-org/GLM-4.6": "glm-4.6"}
+          "zai-org/GLM-4.5-Air": "glm-4.5-air", "zai-org/GLM-4.6": "glm-4.6",
+          "meta-llama/Llama-3.2-1B": "llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b"}
 # NVIDIA's L40S runs reach every GPU peer-to-peer (their TP4/TP8 throughput is out of reach at the 4/8-GPU
 # bandwidth of the server the kernel tables were measured on): hw_profiles/l40s.json, topology pcie-switch
 DEVICES = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100",
@@ -184,6 +185,11 @@ def _speculation(stated: dict, engine: str | None = None) -> tuple[Speculation |
     if method == "eagle" and "mtp" in (stated.get("draft_model") or "").lower():
         method = "mtp"           # SGLang runs DeepSeek's MTP head through its EAGLE worker
     name = SPECULATIVE_METHODS.get(method)
+    if method in ("draft_model", "draft"):      # vLLM's name for a separate draft model (--speculative-config)
+        draft = MODELS.get(stated.get("draft_model") or "")
+        if draft is None:
+            return None, f"draft model {stated.get('draft_model')} is not bundled"
+        name = f"draft:{draft}"
     if name is None:
         return None, f"speculative method '{stated.get('method')}' is not modelled"
     k = stated.get("num_speculative_tokens") or stated.get("num_steps")

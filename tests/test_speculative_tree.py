@@ -55,6 +55,15 @@ def test_published_rows_state_trees_and_sglang_chooses_when_not():
     assert _speculation({"method": "EAGLE3"}, "vllm") == (None, "speculative tokens per step not stated")
 
 
+def test_vllm_draft_model_rows_name_a_bundled_draft_and_their_stated_acceptance():
+    draft, why = _speculation({"method": "draft_model", "num_speculative_tokens": 7,
+                               "draft_model": "meta-llama/Llama-3.2-1B", "acceptance": 5.38}, "vllm")
+    assert why is None and (draft.method, draft.draft_model, draft.k) == ("draft", "llama-3.2-1b", 7)
+    assert abs(draft.tokens_per_step - 5.38) < 1e-6
+    assert _speculation({"method": "draft_model", "num_speculative_tokens": 4, "draft_model": "org/Tiny-1B"},
+                        "vllm") == (None, "draft model org/Tiny-1B is not bundled")
+
+
 def test_tree_step_work_against_hand_formulas():
     """A step of 8 requests, EAGLE-3 tree k = 4, topk 4, N = 16 on Llama-3.1-8B: the draft catches up over 8 x 5
     rows, then proposes 3 times over 8 x 4 rows; its GEMM FLOPs are 2 x (one layer's weights) per row plus 2 x h x
