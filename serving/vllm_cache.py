@@ -42,39 +42,28 @@ class FreeQueue:
     def popleft(self, n: int) -> list[int]:
         items, h = self.items, self.head
         out = items[h:h + n]
-        if self.num_stale and not self.stale.keys().isdisjoint(out):    # a stale entry among the next n
-            return [self.pop_one() for _ in range(n)]
-        h += n
+        if not self.num_stale or self.stale.keys().isdisjoint(out):    # no stale entry among the next n
+            h += n
+        else:
+            out, stale = [], self.stale
+            while len(out) < n:
+                b = items[h]
+                h += 1
+                left = stale.get(b)
+                if left:
+                    self.num_stale -= 1
+                    if left == 1:
+                        del stale[b]
+                    else:
+                        stale[b] = left - 1
+                else:
+                    out.append(b)
         self.size -= n
         if h > 2 * self.SLACK and 2 * h > len(items):
             del items[:h - self.SLACK]
             h = self.SLACK
         self.head = h
         return out
-
-    def pop_one(self) -> int:
-        """popleft(1)[0]: the head block, past any stale entries."""
-        items, h = self.items, self.head
-        b = items[h]
-        h += 1
-        if self.num_stale:
-            stale = self.stale
-            left = stale.get(b)
-            while left:
-                self.num_stale -= 1
-                if left == 1:
-                    del stale[b]
-                else:
-                    stale[b] = left - 1
-                b = items[h]
-                h += 1
-                left = stale.get(b)
-        self.size -= 1
-        if h > 2 * self.SLACK and 2 * h > len(items):
-            del items[:h - self.SLACK]
-            h = self.SLACK
-        self.head = h
-        return b
 
     def remove(self, b: int) -> None:
         self.stale[b] = self.stale.get(b, 0) + 1
@@ -179,17 +168,14 @@ class VllmBlockCache:
         bs, ref, free = self.block_size, self.ref, self.free
         held = self.blocks.get(seq.sid)
         if held is not None and not full_must_fit:    # a running request grows
-            total = seq.num_computed + num_new
-            more = -(-total // bs) - len(held)
+            computed = seq.num_computed
+            more = -(-(computed + num_new) // bs) - len(held)
+            if more > free.size:
+                return False
             if more > 0:
-                if more > free.size:
-                    return False
-                if more == 1:      # a decode opening its next block: most of a long run's calls
-                    self._grow_one(held)
-                else:
-                    self._grow(held, more)
-            if self.prefix_caching and total // bs > self.num_cached[seq.sid]:
-                self._cache_full_blocks(seq, held, min(total, seq.num_tokens))
+                self._grow(held, more)
+            if self.prefix_caching and (computed + num_new) // bs > self.num_cached[seq.sid]:
+                self._cache_full_blocks(seq, held, min(computed + num_new, seq.num_tokens))
             return True
         hit = hit or ()
         n_held = len(held) if held is not None else 0
@@ -272,22 +258,6 @@ class VllmBlockCache:
             self.evicted_blocks += evicted
             self.free_cached -= evicted
         self.allocated_blocks += n
-
-    def _grow_one(self, held: list[int]) -> None:
-        """_grow(held, 1) without the lists: the same block taken, evicted and counted."""
-        b = self.free.pop_one()
-        h = self.hash[b]
-        if h:
-            if h not in self.copies and self.cached[h] == b:
-                del self.cached[h]
-            else:
-                self._forget(b, h)
-            self.hash[b] = 0
-            self.evicted_blocks += 1
-            self.free_cached -= 1
-        self.ref[b] = 1
-        held.append(b)
-        self.allocated_blocks += 1
 
     def _cache_full_blocks(self, seq, held: list[int], tokens: int) -> None:
         done = self.num_cached[seq.sid]

@@ -140,8 +140,7 @@ def test_vllm_free_queue_orders_blocks_as_vllms_linked_list(seed):
         op = rng.randrange(4)
         if op == 0 and model:
             k = rng.randrange(1, len(model) + 1)
-            popped = [queue.pop_one()] if rng.random() < 0.5 else queue.popleft(k)   # a decode's block: one
-            k = len(popped)
+            popped = queue.popleft(k)
             assert popped == [model.popitem(last=False)[0] for _ in range(k)]
             held += popped
             hit -= set(popped)
