@@ -127,6 +127,9 @@ class ServingOverheads(ParamSet):
     # not fitted (serving/calibrate_overheads.py FITTED_TERMS): it is how the engine divides memory, which end-to-end
     # times hardly constrain; set per engine from its memory accounting (cost/engine_serving.json, reserve_source)
     reserve_gb: float = param(2.0, 0.0, 40.0, "memory inside the engine's budget besides weights, activations and KV, GB")
+    # not fitted either: the buffers of the communicators (NCCL, the engine's custom all-reduce) a replica of more
+    # than one GPU creates on each of them, inside the budget the engine measures
+    group_reserve_gb: float = param(0.0, 0.0, 40.0, "per GPU of a replica of more than one GPU: its communicators, GB")
 
 
 @lru_cache(maxsize=1)

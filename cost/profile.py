@@ -61,6 +61,11 @@ class Efficiency:
     fitted_on: str = ""     # the profile (name) whose measurements this fit was made on
 
 
+# the reported total over the datasheet capacity (read as GiB) on the parts whose reports are sourced: H100 and A100
+# 80GB 79.15-79.25 of 80, H200 139.80 of 141, B200 178.35 of 180
+USABLE_SHARE = 0.99
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     key: str
@@ -97,12 +102,20 @@ class HardwareProfile:
     matrix_clock: float = 1.0
     board_w: float = 0.0          # the board power limit (0: unstated)
     power_origin: str = ""        # where matrix_clock comes from (sourced or fitted)
+    memory_usable_gib: float = 0.0   # the total the driver reports (0: unstated, USABLE_SHARE of the datasheet's)
 
     @property
     def memory_bytes(self) -> float:
-        """Device memory in bytes. Datasheet capacities ("80 GB", "141 GB") are binary: an H100 80GB reports
-        81,559 MiB and an H200 143,771 MiB in nvidia-smi, so a datasheet GB is taken as GiB."""
-        return self.memory_capacity_gb * 2**30
+        """Device memory an engine can budget, in bytes: the total the driver reports to CUDA or HIP (what
+        vLLM's gpu_memory_utilization, SGLang's mem_fraction_static and TensorRT-LLM's free fraction are taken
+        of). It is less than the datasheet's: an H100 80GB has 81,559 MiB (nvidia-smi) of which the driver
+        reserves about 470, so PyTorch reports 79.19 GiB. A profile that states no report takes USABLE_SHARE
+        of its datasheet capacity read as GiB."""
+        return (self.memory_usable_gib or self.memory_capacity_gb * USABLE_SHARE) * 2**30
+
+    @property
+    def memory_usable_stated(self) -> bool:
+        return self.memory_usable_gib > 0
 
     @property
     def pcie_only(self) -> bool:
@@ -314,6 +327,7 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         key=key, name=f.name, aliases=tuple(f.aliases), vendor=f.vendor, compute_units=f.compute_units,
         matrix_tflops=dict(f.matrix_tflops), vector_tflops=dict(f.vector_tflops),
         memory_bandwidth_gbps=f.memory.bandwidth_gbps, memory_capacity_gb=f.memory.capacity_gb,
+        memory_usable_gib=f.memory.usable_gib or 0.0,
         interconnect_name=f.interconnect.name, interconnect_bandwidth_gbps=f.interconnect.bandwidth_gbps,
         interconnect_latency_us=f.interconnect.latency_us, host_link_name=f.host_link.name,
         host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,

@@ -14,7 +14,7 @@ import re
 from dataclasses import fields as dataclass_fields
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
 
 from .engines import ENGINES
 from .power import PowerLimit
@@ -48,6 +48,15 @@ class _Section(BaseModel):
 class Memory(_Section):
     bandwidth_gbps: GBps
     capacity_gb: _finite(1e-3, 1e6)
+    # what the driver reports as the device's total (torch.cuda.mem_get_info, PyTorch's "total capacity"), GiB:
+    # the datasheet capacity less the memory the driver reserves; engines size their budgets on it
+    usable_gib: _finite(1e-3, 1e6) | None = None
+
+    @model_validator(mode="after")
+    def _usable_within_capacity(self):
+        if self.usable_gib is not None and self.usable_gib > self.capacity_gb:
+            raise ValueError(f"usable_gib {self.usable_gib:g} exceeds capacity_gb {self.capacity_gb:g}")
+        return self
 
 
 class Link(_Section):

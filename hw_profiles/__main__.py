@@ -66,7 +66,8 @@ def show(args) -> int:
         print(dumps_strict([{
             "key": hw.key, "name": hw.name, "aliases": list(hw.aliases), "matrix_tflops": hw.matrix_tflops,
             "vector_tflops": hw.vector_tflops, "memory_bandwidth_gbps": hw.memory_bandwidth_gbps,
-            "memory_capacity_gb": hw.memory_capacity_gb, "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,
+            "memory_capacity_gb": hw.memory_capacity_gb, "memory_usable_gib": hw.memory_bytes / 2**30,
+            "memory_usable_stated": hw.memory_usable_stated, "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,
             "scale_up_gpus": hw.scale_up_gpus, "gpus_per_node": hw.gpus_per_node, "vendor": hw.vendor,
             "host_link_bandwidth_gbps": hw.host_link_bandwidth_gbps, "l2_cache_mb": hw.l2_cache_mb,
             "efficiency_origin": hw.efficiency.origin,
@@ -83,15 +84,17 @@ def show(args) -> int:
              f"{hw.matrix_tflops.get('bf16', 0):g}",
              f"{hw.matrix_tflops['fp8']:g}" if "fp8" in hw.matrix_tflops else "-",
              f"{hw.memory_bandwidth_gbps / 1000:g}", f"{hw.memory_capacity_gb:g}",
+             f"{hw.memory_bytes / 2**30:.2f}" + ("" if hw.memory_usable_stated else "*"),
              f"{hw.interconnect_bandwidth_gbps:g}", f"{hw.scale_up_gpus}", f"{hw.host_link_bandwidth_gbps:g}",
              f"{hw.gpu_hour_usd:g}" if hw.gpu_hour_usd else "-",
              *(["fitted" if hw.efficiency.origin.startswith("fitted") else "from h200"] if args.wide else []),
              _engine_summary(hw)] for hw in profiles]
     print(format_table(["key", *(["name", "aliases"] if args.wide else []), "bf16 TF/s", "fp8 TF/s", "HBM TB/s",
-                        "GiB", "link GB/s", "domain", "host GB/s", "$/GPU-h", *(["eager fit"] if args.wide else []),
+                        "GB", "usable GiB", "link GB/s", "domain", "host GB/s", "$/GPU-h", *(["eager fit"] if args.wide else []),
                         "engine kernels (fit per engine)"], rows,
                        title="dense matrix peaks (no sparsity); link: per direction; domain: GPUs one link domain "
-                             "joins; GiB: memory capacity\n$/GPU-h: the profile's rent; engine kernels: fitted, or "
+                             "joins; GB: datasheet memory; usable GiB: the total the driver reports, which engine budgets\nare taken of "
+                             "(*: not sourced, 0.99 of the datasheet's); $/GPU-h: the profile's rent; engine kernels: fitted, or "
                              "carried over from that profile; --wide adds names, aliases and the eager fit"))
     others = [f"{hw.key}:{name}" for hw in profiles if not hw.topology for name in hw.topologies]
     if others and not args.device:

@@ -127,14 +127,16 @@ def _slot_share(trace: Trace, ep: int) -> float:
 
 
 def replica_memory(probe: Trace, hw: HardwareProfile, defaults: ServingDefaults, reserve_gb: float, tp: int = 1,
-                   pp: int = 1, ep: int = 1, memory_fraction: float | None = None) -> ReplicaMemory:
+                   pp: int = 1, ep: int = 1, memory_fraction: float | None = None,
+                   group_reserve_gb: float = 0.0) -> ReplicaMemory:
     """`probe`: a trace of the engine's largest step (max_batched_tokens tokens), for its activations.
-    Under attention data parallelism `tp` is the attention TP of one DP rank, `ep` the whole MoE group."""
+    Under attention data parallelism `tp` is the attention TP of one DP rank, `ep` the whole MoE group.
+    `group_reserve_gb`: what each GPU of a replica of more than one holds for its communicators."""
     fraction = defaults.memory_fraction if memory_fraction is None else memory_fraction
     capacity = hw.memory_bytes
     weights = weight_bytes_per_gpu(probe, tp, ep, pp)
     activations = peak_activation_bytes(probe, tp)
-    reserve = reserve_gb * GB
+    reserve = (reserve_gb + (group_reserve_gb if max(tp * pp, ep) > 1 else 0.0)) * GB
     in_budget = activations if defaults.activations_in_budget else 0.0
     if defaults.memory_of_free:
         kv = fraction * (capacity - weights - activations - reserve)

@@ -354,7 +354,7 @@ class Predictor:
         if run.trtllm_bench and run.max_num_seqs is None:
             kv_tokens = cost.replica_memory(d.max_batched_tokens, run.memory_fraction).kv_tokens
             seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
-        kv_tokens = cost.replica_memory(tokens, run.memory_fraction).kv_tokens
+        kv_tokens = cost.replica_memory(tokens, run.memory_fraction, seqs).kv_tokens
         return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl,
                       output_kv_share=output_kv_share(run.engine, run.capacity_scheduler))
 

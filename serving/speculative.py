@@ -41,6 +41,14 @@ EAGLE3_VOCAB = 32000     # the draft vocabulary of the published EAGLE-3 heads (
 # engines that cap the running batch when they speculate, unless told otherwise: SGLang resets
 # max_running_requests to 48 for EAGLE, EAGLE3 and NEXTN (python/sglang/srt/server_args.py)
 SPECULATIVE_MAX_RUNNING = {"sglang": 48}
+# fp32 copies of a (max_num_seqs x vocab) logits block that an engine's memory profile holds beyond its plain
+# sampler's when it speculates: vLLM's profile run warms the rejection sampler up on one draft token per request
+# (gpu_model_runner.py _dummy_sampler_run), holding the bonus token's log-probabilities, the raw target logits and
+# their clone at once (v1/sample/rejection_sampler.py forward). The KV budget loses it: Llama-3.3-70B on TP2 over two
+# H100 80GB at max_num_seqs 256 logs 0.36-0.37 GiB more memory beside weights and KV with a draft model or an
+# EAGLE-3 head than without, for every k from 3 to 8 (tomasruizt/vllm-scripts @d94d714 online-throughput logs),
+# 3 x 256 x 128256 x 4 B = 0.367 GiB
+VERIFY_WARMUP_FP32_LOGITS = {"vllm": 3}
 MAX_K = 16
 MAX_TOPK = 32
 MAX_DRAFT_TOKENS = 256
@@ -403,14 +411,20 @@ class SpeculativeStep:
                 self._draft_memory = (weights, kv_bytes_per_token(probe, par.tp))
         return self._draft_memory
 
-    def replica_memory(self, max_batched_tokens: int, memory_fraction: float | None = None) -> ReplicaMemory:
+    def replica_memory(self, max_batched_tokens: int, memory_fraction: float | None = None,
+                       max_num_seqs: int | None = None) -> ReplicaMemory:
+        """The target's memory, less the draft's weights, its KV per token and the verification's warm-up in the
+        engine's memory profile (VERIFY_WARMUP_FP32_LOGITS, `max_num_seqs` rows: the engine's default unless
+        given)."""
         mem = self.target.replica_memory(max_batched_tokens, memory_fraction)
         weights, kv = self.draft_memory()
-        if not weights and not kv:
+        rows = max_num_seqs or self.defaults.max_num_seqs
+        warmup = VERIFY_WARMUP_FP32_LOGITS.get(self.target.engine, 0) * rows * self.target.vocab * 4
+        if not weights and not kv and not warmup:
             return mem
-        cache = max(0.0, mem.kv_cache - weights)
+        cache = max(0.0, mem.kv_cache - weights - warmup)
         per_token = mem.kv_bytes_per_token + kv
-        return replace(mem, weights=mem.weights + weights, kv_cache=cache,
+        return replace(mem, weights=mem.weights + weights, activations=mem.activations + warmup, kv_cache=cache,
                        kv_tokens=int(cache / per_token) if per_token > 0 else mem.kv_tokens,
                        kv_bytes_per_token=per_token)
 

@@ -179,7 +179,7 @@ class StepCost:
         routed = any(op.experts is not None for op in at(2).ops)
         lo, hi = (64, 128) if routed else (2, 4)
         # a routed model is checked far out: at the memory probe's step when it is a bucket, else at 1024 tokens
-        probes = [m for m, _, _ in self._memory if m >= 1024 and m & (m - 1) == 0]
+        probes = [m for m, *_ in self._memory if m >= 1024 and m & (m - 1) == 0]
         check = (max(probes) if probes else 1024) if routed else 16
         at_lo, at_hi, checked = at(lo), at(hi), at(check)
         derived = derive(at_lo, at_hi, checked.request, lo, hi, check, outside_attention)
@@ -305,15 +305,18 @@ class StepCost:
         return kernels + self.beyond_kernels(decode_batch + len(chunks), tokens, kernels,
                                              decode_only=not chunks)
 
-    def replica_memory(self, max_batched_tokens: int, memory_fraction: float | None = None) -> ReplicaMemory:
+    def replica_memory(self, max_batched_tokens: int, memory_fraction: float | None = None,
+                       max_num_seqs: int | None = None) -> ReplicaMemory:
         """Memory of one replica of this layout under the engine's budget (serving/capacity.py); activations
-        from its largest step, `max_batched_tokens` tokens."""
-        key = (max_batched_tokens, memory_fraction, self.overheads.reserve_gb)
+        from its largest step, `max_batched_tokens` tokens. `max_num_seqs` (the running cap the engine was
+        launched with) changes only a speculative step's memory (serving/speculative.py); here it is unused."""
+        o = self.overheads
+        key = (max_batched_tokens, memory_fraction, o.reserve_gb, o.group_reserve_gb)
         mem = self._memory.get(key)
         if mem is None:
             probe = trace(self.spec, Request(1, max_batched_tokens, 0), self.options)
-            mem = self._memory[key] = replica_memory(probe, self.hw, self.defaults, self.overheads.reserve_gb,
-                                                     self.par.tp, self.par.pp, self.par.ep, memory_fraction)
+            mem = self._memory[key] = replica_memory(probe, self.hw, self.defaults, o.reserve_gb, self.par.tp,
+                                                     self.par.pp, self.par.ep, memory_fraction, o.group_reserve_gb)
         return mem
 
     def _sampling(self, rows: int) -> float:

@@ -130,6 +130,25 @@ def test_a_scale_up_domain_is_validated():
         parse_profile(data, "bad", "bad.json")
 
 
+def test_budgets_take_the_memory_the_driver_reports():
+    """Engines size their budgets on the total CUDA reports, below the datasheet's: sourced where reported (every
+    profile says where), else USABLE_SHARE of the datasheet's; a reported total above the datasheet's is refused."""
+    import json as _json
+    from cost.profile import USABLE_SHARE, parse_profile, profile_names, profiles_dir
+    assert load_profile("h100").memory_bytes == pytest.approx(79.19 * 2**30)
+    assert load_profile("l40s").memory_bytes == pytest.approx(44.39 * 2**30)      # "48 GB" is decimal
+    gb200 = load_profile("gb200")
+    assert not gb200.memory_usable_stated
+    assert gb200.memory_bytes == pytest.approx(186 * USABLE_SHARE * 2**30)
+    for key in profile_names():
+        hw = load_profile(key)
+        assert hw.memory_bytes <= hw.memory_capacity_gb * 2**30 and hw.sources.get("memory_usable"), key
+    data = _json.loads((profiles_dir() / "h100.json").read_text())
+    data["memory"]["usable_gib"] = 81.0
+    with pytest.raises(ProfileError, match="usable_gib"):
+        parse_profile(data, "bad", "bad.json")
+
+
 def test_collectives_inside_an_nvl72_stay_on_nvlink():
     from cost.parallel import cross_node_all_reduce_seconds, group_all_to_all_seconds, nodes_spanned
     gb200, b200 = load_profile("gb200"), load_profile("b200")

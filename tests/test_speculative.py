@@ -62,8 +62,12 @@ def test_mtp_draft_is_one_moe_layer_and_its_memory_counts():
     # DeepSeek-V3's MTP module: ~11.5B parameters besides the shared embedding and head, FP8, over 8 GPUs
     assert 1.2e9 < spec.weights - base.weights < 1.7e9
     assert spec.kv_tokens < base.kv_tokens * 60 / 61 + 1          # one more layer's KV per token
+    # n-gram lookup holds no weights or KV; vLLM's profile still warms its rejection sampler up on every row
     ngram = speculative_step(cost, parse_speculation("ngram", 3, acceptance_rate=0.4))
-    assert ngram.replica_memory(8192).kv_tokens == base.kv_tokens and ngram.draft_seconds(8, 1000) == 0.0
+    mem = ngram.replica_memory(8192, max_num_seqs=256)
+    warmup = 3 * 256 * cost.vocab * 4
+    assert mem.weights == base.weights and mem.kv_cache == pytest.approx(base.kv_cache - warmup)
+    assert ngram.draft_seconds(8, 1000) == 0.0
 
 
 def test_verification_is_one_forward_not_k_decode_steps_and_loses_at_high_batch():

@@ -59,9 +59,9 @@ def server_config(args, spec, hw, options) -> ServerConfig:
     if args.gpu_cache_gb == "auto":
         # what the engine's memory budget leaves for the KV cache (serving/capacity.py), as the optimizer uses
         defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
-        reserve = serving_overheads(args.engine, args.engine_release)[0].reserve_gb \
-            if args.execution == "engine" else 0.0
-        free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size).kv_cache
+        overheads = serving_overheads(args.engine, args.engine_release)[0]
+        reserve, group = (overheads.reserve_gb, overheads.group_reserve_gb) if args.execution == "engine" else (0, 0)
+        free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size, group_reserve_gb=group).kv_cache
         if free <= 0:
             raise ValueError(f"{spec.name} does not fit on {hw.name} with TP={args.tp_size}: no room for a KV cache")
         gpu_gb = free / 1e9

@@ -109,7 +109,7 @@ def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: in
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     t = trace(spec, info.to_request(), options or TraceOptions())
     est = estimate(t, hw, execution, Parallelism(tp, ep, ep_style), engine)
-    # one unit throughout, GB of 10^9 bytes: a datasheet's "80 GB" is 80 GiB (cost/profile.py memory_bytes)
+    # one unit throughout, GB of 10^9 bytes; the capacity is what the driver reports (cost/profile.py memory_bytes)
     memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_bytes / 1e9,
                              sequences=info.num_queries)
     return Result(spec.name, hw, config, info, t, est, memory)
@@ -151,8 +151,9 @@ def render(r: Result) -> str:
     lines.append(format_table(["memory per device", "GB"], [[k, f"{v:.2f}"] for k, v in g.items()
                                                              if f"{v:.2f}" != "0.00"
                                                              or k in ("weights", "total", "capacity")],
-                              title="memory in GB of 10^9 bytes (the datasheet's capacity is GiB: "
-                                    f"{r.hw.memory_capacity_gb:g} GiB = {g['capacity']:.2f} GB)"))
+                              title="memory in GB of 10^9 bytes (capacity: the "
+                                    f"{r.hw.memory_bytes / 2**30:.2f} GiB the driver reports"
+                                    f"{'' if r.hw.memory_usable_stated else ' (estimated)'} = {g['capacity']:.2f} GB)"))
     if not m.fits:
         lines.append(f"WARNING: needs {g['total']:.1f} GB per device but {r.hw.name} has {g['capacity']:.0f} GB: "
                      f"does not fit (raise --tp-size or lower the batch)")
