@@ -14,7 +14,8 @@ import re
 from dataclasses import fields as dataclass_fields
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator,
+                      model_validator)
 
 from .engines import ENGINES
 from .power import PowerLimit

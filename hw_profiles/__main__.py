@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from cost.profile import ProfileError, load_profile, profile_names
+from cost.profile import USABLE_SHARE, ProfileError, load_profile, profile_names
 from tracer.__main__ import ArgumentParser
 from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.table import format_table
@@ -67,7 +67,8 @@ def show(args) -> int:
             "key": hw.key, "name": hw.name, "aliases": list(hw.aliases), "matrix_tflops": hw.matrix_tflops,
             "vector_tflops": hw.vector_tflops, "memory_bandwidth_gbps": hw.memory_bandwidth_gbps,
             "memory_capacity_gb": hw.memory_capacity_gb, "memory_usable_gib": hw.memory_bytes / 2**30,
-            "memory_usable_stated": hw.memory_usable_stated, "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,
+            "memory_usable_stated": hw.memory_usable_stated,
+            "interconnect_bandwidth_gbps": hw.interconnect_bandwidth_gbps,
             "scale_up_gpus": hw.scale_up_gpus, "gpus_per_node": hw.gpus_per_node, "vendor": hw.vendor,
             "host_link_bandwidth_gbps": hw.host_link_bandwidth_gbps, "l2_cache_mb": hw.l2_cache_mb,
             "efficiency_origin": hw.efficiency.origin,
@@ -90,12 +91,13 @@ def show(args) -> int:
              *(["fitted" if hw.efficiency.origin.startswith("fitted") else "from h200"] if args.wide else []),
              _engine_summary(hw)] for hw in profiles]
     print(format_table(["key", *(["name", "aliases"] if args.wide else []), "bf16 TF/s", "fp8 TF/s", "HBM TB/s",
-                        "GB", "usable GiB", "link GB/s", "domain", "host GB/s", "$/GPU-h", *(["eager fit"] if args.wide else []),
-                        "engine kernels (fit per engine)"], rows,
+                        "GB", "usable GiB", "link GB/s", "domain", "host GB/s", "$/GPU-h",
+                        *(["eager fit"] if args.wide else []), "engine kernels (fit per engine)"], rows,
                        title="dense matrix peaks (no sparsity); link: per direction; domain: GPUs one link domain "
-                             "joins; GB: datasheet memory; usable GiB: the total the driver reports, which engine budgets\nare taken of "
-                             "(*: not sourced, 0.99 of the datasheet's); $/GPU-h: the profile's rent; engine kernels: fitted, or "
-                             "carried over from that profile; --wide adds names, aliases and the eager fit"))
+                             "joins; GB: datasheet memory\nusable GiB: the total the driver reports, which engine "
+                             f"budgets are taken of (*: not sourced, {USABLE_SHARE:g} of the datasheet's)\n"
+                             "$/GPU-h: the profile's rent; engine kernels: fitted, or carried over from that profile; "
+                             "--wide adds names, aliases and the eager fit"))
     others = [f"{hw.key}:{name}" for hw in profiles if not hw.topology for name in hw.topologies]
     if others and not args.device:
         print(f"\nother server topologies (--device NAME:TOPOLOGY): {', '.join(others)}")

@@ -92,8 +92,9 @@ class ServingModel:
     def _limits(self, cost: StepCost, m: ServingMeasurement) -> Limits:
         d, s = cost.defaults, m.settings
         tokens = s.max_batched_tokens or d.max_batched_tokens
-        kv = cost.replica_memory(tokens, s.memory_fraction).kv_tokens
-        return Limits(s.max_num_seqs or d.max_num_seqs, tokens, kv,
+        seqs = s.max_num_seqs or d.max_num_seqs
+        kv = cost.replica_memory(tokens, s.memory_fraction, seqs).kv_tokens
+        return Limits(seqs, tokens, kv,
                       d.chunked_prefill if s.chunked_prefill is None else s.chunked_prefill,
                       output_kv_share=output_kv_share(m.engine, s.capacity_scheduler))
 

@@ -174,7 +174,7 @@ class Searcher:
         d = cost.defaults
         seqs = self.settings.max_num_seqs or d.max_num_seqs
         budget = self.settings.max_batched_tokens or d.max_batched_tokens
-        mem = cost.replica_memory(budget, self.settings.memory_fraction)
+        mem = cost.replica_memory(budget, self.settings.memory_fraction, seqs)
         # pipeline stages run pp micro-batches in flight: pp virtual engines, each with its share of the cache
         pp = layout.pp
         return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill,

@@ -30,6 +30,7 @@ from importlib import resources
 
 from cost.engine_kernels.params import ParamSet, param
 from cost.engines import ENGINES
+from cost.execution import ENGINE
 from tracer.model_source import ModelSpec, resolve_model
 from tracer.trace import trace
 from tracer.work import Request
@@ -311,7 +312,7 @@ class SpeculativeStep:
         self.target, self.speculation, self.draft = target, speculation, draft
         self.tokens_per_step = speculation.tokens_per_step
         self._draft_memory: tuple[float, float] | None = None
-        found = serial_host(target.engine) if target.execution == "engine" else None
+        found = serial_host(target.engine) if target.execution == ENGINE else None
         self.serial_host, self._serial_origin = found if found else (None, "")
 
     def __getattr__(self, name):     # defaults, overhead_origin, stage_factor, ... are the target's
@@ -419,7 +420,8 @@ class SpeculativeStep:
         mem = self.target.replica_memory(max_batched_tokens, memory_fraction)
         weights, kv = self.draft_memory()
         rows = max_num_seqs or self.defaults.max_num_seqs
-        warmup = VERIFY_WARMUP_FP32_LOGITS.get(self.target.engine, 0) * rows * self.target.vocab * 4
+        copies = VERIFY_WARMUP_FP32_LOGITS.get(self.target.engine, 0) if self.target.execution == ENGINE else 0
+        warmup = copies * rows * self.target.vocab * 4
         if not weights and not kv and not warmup:
             return mem
         cache = max(0.0, mem.kv_cache - weights - warmup)

@@ -68,6 +68,10 @@ def test_mtp_draft_is_one_moe_layer_and_its_memory_counts():
     warmup = 3 * 256 * cost.vocab * 4
     assert mem.weights == base.weights and mem.kv_cache == pytest.approx(base.kv_cache - warmup)
     assert ngram.draft_seconds(8, 1000) == 0.0
+    # HF eager runs no engine memory profile: no warm-up is held there
+    eager = StepCost(target, load_profile("h200"), TraceOptions(), "eager", Parallelism(8, ep=8), "vllm")
+    eager_ngram = speculative_step(eager, parse_speculation("ngram", 3, acceptance_rate=0.4))
+    assert eager_ngram.replica_memory(8192, max_num_seqs=256).kv_cache == eager.replica_memory(8192).kv_cache
 
 
 def test_verification_is_one_forward_not_k_decode_steps_and_loses_at_high_batch():

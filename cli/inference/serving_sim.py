@@ -214,7 +214,8 @@ def run(args) -> dict:
     cost = speculative_step(StepCost(spec, hw, options, args.execution, args.tp_size, args.engine,
                                      release=args.engine_release, streams=args.stream), drafts[0] if drafts else None)
     if drafts:   # the draft's weights and KV take their share of the cache
-        plain, ours = cost.target.replica_memory(config.max_prefill_tokens), cost.replica_memory(config.max_prefill_tokens)
+        plain = cost.target.replica_memory(config.max_prefill_tokens)
+        ours = cost.replica_memory(config.max_prefill_tokens, max_num_seqs=args.max_running)
         config = replace(config, gpu_blocks=max(1, int(config.gpu_blocks * ours.kv_tokens / max(1, plain.kv_tokens))))
         if not running_given:   # an engine's own cap when it speculates (SGLang: 48), as the optimizer applies it
             config = replace(config, max_running=min(config.max_running, cost.defaults.max_num_seqs))
