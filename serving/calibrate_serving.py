@@ -38,7 +38,7 @@ from tracer.model_source import ModelError, resolve_model
 from tracer.work import TraceOptions
 
 from .lengths import bundled
-from .capacity import output_kv_share
+from .capacity import on_demand_kv, output_kv_share
 from .measurements import BATCH, CONCURRENCY, MAX, MeasurementError, RunFacts, ServingMeasurement, load_files
 from .published import MODELS
 from .steady_state import Limits, Load, solve
@@ -96,7 +96,9 @@ class ServingModel:
         kv = cost.replica_memory(tokens, s.memory_fraction, seqs).kv_tokens
         return Limits(seqs, tokens, kv,
                       d.chunked_prefill if s.chunked_prefill is None else s.chunked_prefill,
-                      output_kv_share=output_kv_share(m.engine, s.capacity_scheduler))
+                      output_kv_share=output_kv_share(m.engine, s.capacity_scheduler),
+                      on_demand=on_demand_kv(m.engine, s.capacity_scheduler, d.cache_block_tokens,
+                                             cost.spare_kv_slots))
 
     def _predict(self, cost: StepCost, m: ServingMeasurement) -> dict[str, float]:
         limits = self._limits(cost, m)

@@ -17,6 +17,8 @@ from cost.execution import expert_slots
 from cost.profile import HardwareProfile
 from tracer.work import Trace
 
+from .preemption import OnDemandKV
+
 GB = 1e9
 
 # How an engine decides what its KV cache can admit: the share of a running request's output KV it counts, on
@@ -53,6 +55,18 @@ def kv_admission(engine: str, capacity_scheduler: str | None = None) -> str:
 
 def output_kv_share(engine: str, capacity_scheduler: str | None = None) -> float:
     return KV_ADMISSION[kv_admission(engine, capacity_scheduler)]
+
+
+# the policies that give a running request blocks as it generates and preempt when they run out
+PREEMPTING = ("allocate_as_generated", "max_utilization")
+
+
+def on_demand_kv(engine: str, capacity_scheduler: str | None, block_tokens: int,
+                 spare_slots: int = 0) -> OnDemandKV | None:
+    """The engine's on-demand KV allocation (serving/preemption.py) where its admission policy preempts, else None."""
+    if kv_admission(engine, capacity_scheduler) not in PREEMPTING:
+        return None
+    return OnDemandKV(block_tokens, spare_slots)
 
 
 def kv_admission_note(engine: str, policy: str) -> str | None:

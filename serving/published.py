@@ -27,7 +27,7 @@ from cost.profile import load_profile
 from tracer.model_source import bundled_models, resolve_model
 from tracer.work import TraceOptions
 
-from .capacity import output_kv_share
+from .capacity import on_demand_kv, output_kv_share
 from .engine_flags import stated_settings
 from .lengths import bundled
 from .measurements import harness_weights, streamed, system_device, system_kv_dtype
@@ -356,7 +356,9 @@ class Predictor:
             seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
         kv_tokens = cost.replica_memory(tokens, run.memory_fraction, seqs).kv_tokens
         return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl,
-                      output_kv_share=output_kv_share(run.engine, run.capacity_scheduler))
+                      output_kv_share=output_kv_share(run.engine, run.capacity_scheduler),
+                      on_demand=on_demand_kv(run.engine, run.capacity_scheduler, d.cache_block_tokens,
+                                             cost.spare_kv_slots))
 
     @staticmethod
     def cached_tokens(run: PublishedRun, cost: StepCost) -> int:

@@ -21,7 +21,7 @@ from tracer.model_source import ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
-from .capacity import ReplicaMemory, output_kv_share
+from .capacity import ReplicaMemory, on_demand_kv, output_kv_share
 from .layouts import Layout
 from .lengths import LengthDistribution, fixed_lengths
 from .slo import STATS, LatencyLimits, goodput_estimate
@@ -177,9 +177,10 @@ class Searcher:
         mem = cost.replica_memory(budget, self.settings.memory_fraction, seqs)
         # pipeline stages run pp micro-batches in flight: pp virtual engines, each with its share of the cache
         pp = layout.pp
+        engine, policy = self.settings.engine, self.settings.capacity_scheduler
         return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill,
-                      mem.state_tokens_per_sequence, mem.attention_kv,
-                      output_kv_share(self.settings.engine, self.settings.capacity_scheduler)), mem
+                      mem.state_tokens_per_sequence, mem.attention_kv, output_kv_share(engine, policy),
+                      on_demand_kv(engine, policy, d.cache_block_tokens, cost.spare_kv_slots)), mem
 
     @property
     def _limit_quantiles(self) -> tuple[int, ...]:

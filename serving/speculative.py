@@ -311,6 +311,8 @@ class SpeculativeStep:
     def __init__(self, target: StepCost, speculation: Speculation, draft: StepCost | None):
         self.target, self.speculation, self.draft = target, speculation, draft
         self.tokens_per_step = speculation.tokens_per_step
+        # each verification writes the drafts' KV beside the last token's: slots held beyond the accepted tokens
+        self.spare_kv_slots = speculation.verify_tokens - 1
         self._draft_memory: tuple[float, float] | None = None
         found = serial_host(target.engine) if target.execution == ENGINE else None
         self.serial_host, self._serial_origin = found if found else (None, "")

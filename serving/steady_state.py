@@ -32,6 +32,7 @@ from .lengths import LengthDistribution, fixed_lengths
 from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, normal_mix_quantiles, peakedness,
                          ttft_quantiles)
 from .metrics import percentile
+from .preemption import OnDemandKV
 from .step_walk import walk as _walk
 
 RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
@@ -63,6 +64,8 @@ class Limits:
     attention_kv: bool = True    # False: a request's memory is its state only (no KV cache grows)
     output_kv_share: float = 1.0   # share of its output's KV a running request holds on average, as the engine
                                    # admits (serving/capacity.py KV_ADMISSION: vLLM 0.5, TensorRT-LLM 1)
+    on_demand: OnDemandKV | None = None   # the engine allocates blocks as requests generate and preempts the
+                                          # newest when they run out (serving/preemption.py); None: it reserves
 
 
 @dataclass
@@ -81,6 +84,7 @@ class SteadyState:
     tpot_q_s: dict = field(default_factory=dict)   # a request's TPOT: mean, p50, p90, p99
     queue_s: float = 0.0         # mean wait for a slot in the batch (all slots taken when it arrives)
     lengths: str = ""            # which lengths the answer used
+    recompute_tokens: float = 0.0   # prefill tokens per request of preempted requests recomputed (full cache)
 
 
 def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
@@ -90,6 +94,8 @@ def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_token
     mix's mean over the running requests (serving/lengths.py residence_mean) instead."""
     shared = cached_tokens if shared_prefix_kv else 0
     whole = input_tokens + limits.output_kv_share * output_tokens if kv_per_request is None else kv_per_request
+    if limits.on_demand is not None:      # what a request holds beyond its tokens: a part-filled block, spare slots
+        whole += limits.on_demand.slack_tokens
     kv = (whole - shared if limits.attention_kv else 0) + limits.state_tokens
     return max(1, min(limits.max_num_seqs, int(max(0, limits.kv_tokens - shared) // max(1, kv))))
 
@@ -97,7 +103,8 @@ def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_token
 def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load: Load, limits: Limits,
           request_overhead_s: float = 0.0, shared_prefix_kv: bool = False,
           lengths: LengthDistribution | None = None, frontend_s: float = 0.0,
-          tokens_per_step: float = 1.0, quantiles: tuple[int, ...] = QUANTILES) -> SteadyState:
+          tokens_per_step: float = 1.0, quantiles: tuple[int, ...] = QUANTILES,
+          recompute_tokens: float = 0.0) -> SteadyState:
     """`step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context)`: seconds of one engine step
     (serving/step_cost.py StepCost.steady). `shared_prefix_kv`: the cached prefix is one prefix every request
     shares, held once in the KV cache rather than once per request (the RFC's default counts it per request).
@@ -108,7 +115,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     tokens a decoding request gains per step (speculative decoding's mean accepted tokens, serving/speculative.py;
     `step` then prices a speculative step), 1 otherwise. `quantiles`: the TTFT and TPOT percentiles to compute
     beside the means (a search comparing means asks for none: inverting the distributions was a third of a solve);
-    a finite run walked step by step reports them all."""
+    a finite run walked step by step reports them all. `recompute_tokens`: prefill tokens per request of the
+    requests a full KV cache preempts (the solve sets it where the cache binds with requests waiting;
+    serving/preemption.py)."""
     if lengths is not None:
         input_tokens = lengths.mean_input
         o = max(1.0, lengths.mean_output)
@@ -130,6 +139,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         residence_variation = 0.0
         described = fixed_lengths(input_tokens, o)
     prompt = sum(w * x for w, x in prompts)
+    work = prompt + recompute_tokens     # prefill tokens per request: its prompt and its share of the recompute
     decode_steps = (o - 1) / tokens_per_step     # steps a request decodes for
     budget = limits.max_batched_tokens
     # prompts are prefilled in chunks of up to the budget, each over the cached prefix and earlier chunks
@@ -228,7 +238,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
     def shapes(rate: float, s: float) -> tuple[float, float]:
         # past the admission and budget limits the load is infeasible anyway: never price absurd shapes
-        return min(rate * decode_steps * s, 2.0 * admit + 2), min(rate * prompt * s, 2.0 * budget)
+        return min(rate * decode_steps * s, 2.0 * admit + 2), min(rate * work * s, 2.0 * budget)
 
     def fixed_point(rate: float) -> tuple[float, float, float]:
         """(running, prefill tokens per step, step seconds) at `rate`: the s with s = mean step(n(s), p(s)). The
@@ -273,17 +283,17 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         decoding = max(1.0, running * decode_steps / residence_steps(running))
 
         def gap(s: float) -> float:
-            return mean_step(decoding, min(rate * prompt * s, 2.0 * budget)) - s
+            return mean_step(decoding, min(rate * work * s, 2.0 * budget)) - s
 
         a = step(decoding, 0.0)
-        b = mean_step(decoding, min(rate * prompt * a, 2.0 * budget))
+        b = mean_step(decoding, min(rate * work * a, 2.0 * budget))
         ga, gb = gap(a), gap(b)
         for _ in range(12):
             if abs(gb) <= 1e-6 * b or gb == ga:
                 break
             a, b = b, max(a * 1e-3, b - gb * (b - a) / (gb - ga))
             ga, gb = gb, gap(b)
-        at_rate[key] = step_moments(decoding, min(rate * prompt * b, 2.0 * budget))
+        at_rate[key] = step_moments(decoding, min(rate * work * b, 2.0 * budget))
         return at_rate[key]
 
     at_rate: dict = {}
@@ -293,9 +303,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return admit / (residence_steps(admit) * moments_at(rate, admit)[0])
 
     def prefill_service(n: float) -> float:
-        """Seconds of prefill capacity one prompt takes: its share of a step full of prefill."""
+        """Seconds of prefill capacity one request takes: its share of a step full of prefill."""
         capacity = prefill_capacity(n)
-        return prompt / capacity * step(n, capacity)
+        return work / capacity * step(n, capacity)
 
     def batch(rate: float, deterministic: bool):
         """[(share, running, step mean, step mean square)] of the running batch at `rate`, and the admission
@@ -435,11 +445,31 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         for a in arrivals:
             last = max(a, last) + frontend_s
             entries.append(last)
-        walk = _walk(step, entries, requests, admit, budget, limits.chunked_prefill, tokens_per_step)
+        # at a full batch its decoding requests complete n a / O a step, each bringing its share of the recompute
+        full = admit * decode_steps / residence_steps(admit) * tokens_per_step / o * recompute_tokens
+        walk = _walk(step, entries, requests, admit, budget, limits.chunked_prefill, tokens_per_step, full)
         delays = [e - a for a, e in zip(arrivals, entries)]
         if frontend_s > 0:
             note += f"; the HTTP server takes one request in every {frontend_s * 1e3:.3g} ms"
         return _walked(walk, steady, request_overhead_s, requests, cached_tokens, limited, note, delays)
+
+    def preempting(limited: str, running: float) -> SteadyState | None:
+        """The load solved again with the recompute of the requests a full cache preempts (serving/preemption.py),
+        where the KV cache binds with requests waiting; None where nothing is recomputed."""
+        if limits.on_demand is None or recompute_tokens or limited != "kv_cache":
+            return None
+        extra = limits.on_demand.recompute_tokens(max(1.0, running), tokens_per_step, input_tokens, o)
+        if extra < 0.5:
+            return None
+        again = solve(engine_step, input_tokens, output_tokens, cached_tokens, load, limits, request_overhead_s,
+                      shared_prefix_kv, lengths, frontend_s, tokens_per_step, quantiles, extra)
+        if again.limited_by != "kv_cache":      # the recompute moved what binds: no queue behind a full cache
+            return None
+        again.recompute_tokens = extra
+        told = f"the full KV cache preempts: {extra:.0f} tokens recomputed per request ({extra / input_tokens:.0%} " \
+               f"of a prompt)"
+        again.note = f"{again.note}; {told}" if again.note else told
+        return again
 
     shared = cached_tokens if shared_prefix_kv else 0
     if limits.attention_kv and limits.kv_tokens - shared < whole - shared + limits.state_tokens:
@@ -459,6 +489,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             return state
         top = saturation()
         _, limited, _ = feasible(top * 1.01)        # what binds at the edge, not at the offered rate
+        again = preempting(limited, state(top)[0])
+        if again is not None:
+            return again
         note = f"offered {load.value:g} requests/s exceeds the {top:.3g} this replica sustains ({limited})"
         if not load.requests:
             return result(top, False, limited, note=note + ": queues grow without bound")
@@ -474,6 +507,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         if top * 0.999 * at_top.e2e_s["mean"] <= users:
             # more users than the engine serves at once: the extra ones wait for a slot
             _, limited, _ = feasible(top * 1.01)
+            again = preempting(limited, state(top * 0.999)[0])
+            if again is not None:
+                return again
             queued = max(0.0, users - top * at_top.e2e_s["mean"]) / top
             return result(top * 0.999, True, limited, ttft_extra=queued)
         lo, hi = 0.0, top * 0.999
@@ -487,6 +523,10 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     # maximum throughput: as many running as the engine admits, the rest queued
     top = saturation()
     _, limited, _ = feasible(top * 1.01)
+    if not load.requests or load.requests > admit:     # requests wait behind the full batch
+        again = preempting(limited, state(top)[0])
+        if again is not None:
+            return again
     steady = result(top, True, limited, deterministic=True)
     if not load.requests:
         return steady

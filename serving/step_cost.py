@@ -50,6 +50,7 @@ def _pow2_at_least(n: int) -> int:
 
 class StepCost:
     tokens_per_step = 1.0     # tokens a decoding request gains per step (serving/speculative.py: more)
+    spare_kv_slots = 0        # KV slots a running request holds beyond its tokens (a speculative step's drafts)
     speculation = None        # a speculative setup (serving/speculative.py SpeculativeStep), None: none
 
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str,

@@ -7,11 +7,13 @@ import math
 
 
 def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: int, budget: int, chunked: bool,
-         tokens_per_step: float = 1.0) -> tuple[list[float], list[float], float]:
+         tokens_per_step: float = 1.0, full_step_prefill: float = 0.0) -> tuple[list[float], list[float], float]:
     """An engine's steps over requests [(prompt tokens to prefill, output tokens)] arriving at `arrivals`
     (sorted seconds): (each request's wait for its first token, each TPOT, makespan from the first arrival to the
     last token). Each step fills the token budget with the running requests' decodes, then with prefill of the
-    admitted prompts in order; at most `admit` requests run (prefilling or decoding) at once."""
+    admitted prompts in order; at most `admit` requests run (prefilling or decoding) at once. `full_step_prefill`:
+    prefill tokens a step carries beyond these while every slot is taken and requests wait (the recompute of the
+    requests a full KV cache preempts, serving/preemption.py)."""
     n = len(arrivals)
     t = arrivals[0]
     waiting: list = []             # indices not yet admitted, in arrival order (a pointer into it)
@@ -45,7 +47,8 @@ def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: in
             if item[1]:
                 break
             finished += 1
-        t += step(len(decoding), prefill)
+        full = full_step_prefill if head < len(waiting) and len(prefilling) + len(decoding) >= admit else 0.0
+        t += step(len(decoding), prefill + full)
         steps += 1
         while decoding and decoding[0][0] <= steps:
             _, first, output = heapq.heappop(decoding)
