@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass, field
 
 from .lengths import LengthDistribution, fixed_lengths
-from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, normal_mix_quantiles, peakedness,
-                         ttft_quantiles)
+from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, md1_tail, normal_mix_quantiles,
+                         peakedness, ttft_quantiles)
 from .metrics import percentile
 from .preemption import OnDemandKV
 from .step_walk import walk as _walk
@@ -339,7 +339,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
                  for w, _, m, sq in cells for v, x in outputs]
         return {"mean": mean, **(normal_mix_quantiles(parts, qs) if qs else {})}
 
-    def ttft(n: float, s: float, square: float, poisson: bool, rate: float, admission, qs: tuple[int, ...]) -> dict:
+    def ttft(n: float, s: float, square: float, poisson: bool, rate: float, admission, qs: tuple[int, ...],
+             intake=(0.0, 0.0)) -> dict:
         """A request waits for the rest of the step under way, for a slot when every slot is taken, for the
         prompts queued ahead (M/G/1 under Poisson arrivals), then for its own prefill step(s), which also carry
         the prompts that arrived with it during the step under way (Poisson). A Poisson arrival more likely
@@ -355,7 +356,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         # already counts), scaled as G/G/1 by the arrivals' variation (Kingman)
         wait = variation * busy * busy * service * spread / (2 * (1 - busy))
         queue_busy = busy * busy if poisson else 0.0
-        waits = [admission, (queue_busy, queue_busy / wait if wait > 0 else 0.0)]
+        waits = [admission, (queue_busy, queue_busy / wait if wait > 0 else 0.0), intake]
         biased = s + variation * (square / s - s) if s > 0 else s   # the step a request arrives in
         along = rate * biased                         # prompts arriving during it
         if variation > 0 and along <= 40:
@@ -419,21 +420,21 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         s = sum(w * m for w, _, m, _ in cells)
         square = sum(w * sq for w, _, _, sq in cells)
         poisson = load.arrival == "poisson" and load.kind == RATE
-        t = ttft(running, s, square, poisson, rate, admission, qs)
-        t = {k: v + ttft_extra + frontend_delay(rate, poisson) for k, v in t.items()}
+        t = ttft(running, s, square, poisson, rate, admission, qs, intake_wait(rate, poisson))
+        t = {k: v + ttft_extra + frontend_s for k, v in t.items()}
         tpot = tpot_quantiles(cells, qs)
         e2e = {k: v + decode_steps * s for k, v in t.items()}
         queue = admission[0] / admission[1] if admission[0] > 0 and admission[1] > 0 else 0.0
         return SteadyState(stable, rate, running, s, t, s / tokens_per_step, e2e, rate * o,
                            rate * (input_tokens + o), limited, note, tpot, queue, described)
 
-    def frontend_delay(rate: float, poisson: bool) -> float:
-        """A request's time in the HTTP server: its own intake, and (Poisson arrivals) its wait behind others
-        (a queue with one server of constant service time: rho f / 2(1 - rho))."""
-        if frontend_s <= 0:
-            return 0.0
-        rho = min(rate * frontend_s, 0.98)
-        return frontend_s + (rho * frontend_s / (2 * (1 - rho)) if poisson else 0.0)
+    def intake_wait(rate: float, poisson: bool) -> tuple[float, float]:
+        """A request's wait behind others at the HTTP server (Poisson arrivals at one server of constant service
+        time f): the M/D/1 wait's exponential tail, C exp(-theta t), as (C, theta) (serving/load_queue.py
+        md1_tail). Its own intake, f, comes on top."""
+        if frontend_s <= 0 or not poisson:
+            return 0.0, 0.0
+        return md1_tail(min(rate * frontend_s, 0.98), frontend_s)
 
     def walked(arrivals: list[float], steady: SteadyState, limited: str, note: str) -> SteadyState:
         count = len(arrivals)

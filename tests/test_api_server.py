@@ -2,6 +2,8 @@
 its pace, a stream faster than it is not served, and the steady state and the event simulation agree."""
 from dataclasses import replace
 
+import pytest
+
 from cost.engines import ServingOverheads
 from serving.engine_flags import stated_settings
 from serving.simulator import ServerConfig, simulate
@@ -78,3 +80,49 @@ def test_serving_sim_takes_requests_through_the_server_unless_told(capsys):
     ttft = [list(r["runs"].values())[0]["ttft_ms"]["mean"] for r in (served, direct)]
     frontend = StepCost(resolve_model("llama-3.2-1b"), load_profile("h100"), TraceOptions(), "engine", 1).overheads.frontend_ms
     assert frontend > 0 and ttft[0] - ttft[1] >= 0.9 * frontend
+
+
+def _md1_p99(rho: float, service_s: float, n: int = 1_000_000) -> float:
+    """The 99th percentile of an M/D/1 queue's wait, drawn: Lindley's recursion W' = max(0, W + D - A)."""
+    import numpy as np
+    gaps = np.random.default_rng(1).exponential(service_s / rho, n)
+    waits, w = np.empty(n), 0.0
+    for k, a in enumerate(gaps.tolist()):
+        w = max(0.0, w + service_s - a)
+        waits[k] = w
+    return float(np.percentile(waits[n // 10:], 99))
+
+
+def test_the_servers_queue_has_the_md1_tail():
+    import math
+    import numpy as np
+    from serving.load_queue import md1_tail, waits_above
+    for rho in (0.2, 0.5, 0.8):
+        c, theta = md1_tail(rho, 0.02)
+        assert math.log(c / 0.01) / theta == pytest.approx(_md1_p99(rho, 0.02), rel=0.04)
+    # three waits at once (the slot, the prefill queue, the server) against draws of their sum
+    waits = [(0.3, 20.0), (0.5, 50.0), (0.4, 20.0)]
+    rng = np.random.default_rng(0)
+    total = sum((rng.random(400_000) < b) * rng.exponential(1 / th, 400_000) for b, th in waits)
+    for t in (0.0, 0.05, 0.1, 0.2):
+        assert float(waits_above(np.array([t]), waits)[0]) == pytest.approx((total > t).mean(), abs=0.003)
+
+
+def test_p99_ttft_behind_the_server_agrees_with_the_event_simulation():
+    """Short requests at half the server's pace: the p99 TTFT is mostly the server's queue, whose tail the steady
+    state once left out (it added the mean wait to every percentile)."""
+    import random
+    from serving.workload import arrival_times
+    cost = StepCost(resolve_model("llama-3.2-1b"), load_profile("h100"), TraceOptions(), "engine", 1)
+    cost.overheads = replace(cost.overheads, frontend_ms=20.0)
+    rate, n, prompt, out = 25.0, 4000, 128, 16
+    times = arrival_times(n, rate, random.Random(0), "poisson")
+    requests = [SimRequest(i, t, prompt, out) for i, t in enumerate(times)]
+    res = simulate(requests, cost, ServerConfig(max_running=256, max_prefill_tokens=8192, prefix_caching=False,
+                                               gpu_blocks=200_000))
+    ttfts = sorted(r.ttft_s for r in res.records)
+    simulated = ttfts[int(0.99 * len(ttfts))]
+    state = solve(cost.steady, prompt, out, 0, Load(RATE, rate), LIMITS, cost.overheads.request_ms * 1e-3,
+                  frontend_s=0.02)
+    assert abs(state.ttft_s["p99"] / simulated - 1) < 0.12, (state.ttft_s, simulated)
+    assert state.ttft_s["p99"] - state.ttft_s["p50"] > 0.04      # the server's tail, not its mean
