@@ -238,3 +238,15 @@ def test_a_mean_near_capacity_is_flagged_as_a_range():
     assert near is not None and near.startswith("near capacity")
     assert s.rate_sensitivity(Layout(1), Load(RATE, top / 3)) is None
     assert s.rate_sensitivity(Layout(1), Load(RATE, 2 * top)) is None      # overloaded: the warning's job
+
+
+def test_a_percentile_limit_is_simulated_long_enough_to_rest_on_its_tail():
+    """A p99 taken over a 400-request run stands on its third-highest TTFT: --verify runs a percentile limit for at
+    least 50 requests beyond it in the measured 60% of the run."""
+    from serving.verify import tail_requests
+    assert (tail_requests("p99"), tail_requests("p90"), tail_requests("mean")) == (8334, 834, 0)
+    s = Searcher(resolve_model("llama-3.2-1b"), load_profile("h100"), TraceOptions(), Workload(128, 16),
+                 EngineSettings(), LatencyLimits(200, 15, "p99"))
+    load = Load(RATE, 5.0)
+    sim = simulate_candidate(s, s.mixed(Layout(1), load), load)
+    assert sim["requests"] >= 8334
