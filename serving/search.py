@@ -99,6 +99,7 @@ class Candidate:
     speculation: str | None = None     # the speculative setup's label (mtp k=2), None: none
     goodput: float = 0.0               # requests/s within every limit (serving/slo.py)
     overload: bool = False             # the load is beyond what it serves (serving/overload.py)
+    recompute_tokens: float = 0.0      # prefill tokens per request of requests a full KV cache preempts
 
     @property
     def label(self) -> str:
@@ -126,7 +127,8 @@ class Candidate:
                "kv_tokens_per_replica": self.kv_tokens, "limited_by": self.limited_by,
                "meets_limits": self.meets_limits, "why_not": self.why_not, "notes": self.notes,
                "tpot_stats_ms": self.tpot_stats_ms, "queue_ms": self.queue_ms,
-               "goodput_requests_per_s": self.goodput, "overload": self.overload, "speculation": self.speculation}
+               "goodput_requests_per_s": self.goodput, "overload": self.overload, "speculation": self.speculation,
+               "recompute_tokens_per_request": self.recompute_tokens}
         if self.memory is not None:
             m = self.memory
             out["memory_gb_per_gpu"] = {"weights": m.weights / 1e9, "activations": m.activations / 1e9,
@@ -235,7 +237,8 @@ class Searcher:
                          tpot_stats_ms=tpot_stats, queue_ms=state.queue_s * 1e3,
                          speculation=self.settings.speculation.label if self.settings.speculation else None,
                          goodput=goodput_estimate(state.request_rate * engines, ttft, tpot_stats, self.limits)
-                         if state.stable and mem.kv_tokens >= longest else 0.0)
+                         if state.stable and mem.kv_tokens >= longest else 0.0,
+                         recompute_tokens=state.recompute_tokens)
 
     def rate_sensitivity(self, layout: Layout, load: Load, spread: float = NEAR_CAPACITY_SPREAD) -> str | None:
         """A note when the mean TTFT or TPOT at this rate moves by more than a quarter for the rate `spread` either

@@ -72,3 +72,13 @@ def test_a_kv_bound_closed_loop_agrees_with_the_event_simulation():
     held = 176 + 146 / 2 + limits.on_demand.slack_tokens
     assert 0.6 < (state.recompute_tokens / held) / (sim["preemptions"] / 1000) < 1.5
     assert math.isfinite(state.ttft_s["mean"]) and state.ttft_s["mean"] > unpreempted.ttft_s["mean"]
+
+
+def test_the_optimizer_reports_the_recompute(capsys):
+    import json
+    from cli.inference.throughput_optimizer import main
+    assert main(["llama-3.1-8b", "--device", "l4", "--num-devices", "1", "--input-length", "176",
+                 "--output-length", "146", "--concurrency", "192", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["limited_by"] == "kv_cache" and best["recompute_tokens_per_request"] > 10
+    assert any("preempts" in n for n in best["notes"])
