@@ -15,10 +15,10 @@ a step, prompts of I tokens and outputs of O:
     victims    ceil(max(0, G - F - X) / V)    V = (I + O / 2 + k) / b + 1/2, a running request's blocks
 
 where k is the slots a running request holds beyond its tokens (a speculative step's k drafts). Each victim
-recomputes what it held, V b tokens: the newest request resumes last and is the next victim again, so the one
-preempted holds, over the run, what a running request holds on average. Its held blocks are recomputed even
-with prefix caching: vLLM frees a victim's blocks to the free queue's tail, and the growth of the steps it waits
-takes them before it resumes.
+recomputes the tokens it had computed, I + O / 2 on average: the newest request resumes last and is the next
+victim again, so the one preempted holds, over the run, what a running request holds on average. Its own blocks
+are recomputed even with prefix caching (vLLM frees a victim's blocks to the free queue's tail, and the growth of
+the steps it waits takes them before it resumes); a prefix other requests hold is hit again.
 
 Not modelled: the victim's own delay (it waits at the queue's head for a step that preempts nobody), and SGLang's
 retraction (its admission reserves new_token_ratio of the output, so it retracts rarely).
@@ -84,10 +84,12 @@ class OnDemandKV:
                 total += p_done * p_grown * victims
         return total
 
-    def recompute_tokens(self, running: float, tokens_per_step: float, prompt: float, output: float) -> float:
-        """Tokens recomputed per completed request: its share of the victims, each recomputing what it held."""
+    def recompute_tokens(self, running: float, tokens_per_step: float, prompt: float, output: float,
+                         cached: float = 0.0) -> float:
+        """Tokens recomputed per completed request: its share of the victims, each recomputing the tokens it had
+        computed (its prompt and half its output on average), less the `cached` prefix it hits again."""
         completions = running * tokens_per_step / output if output > 0 else 0.0
         if completions <= 0:
             return 0.0
-        held = prompt + output / 2 + self.slack_tokens
-        return self.preemptions_per_step(running, tokens_per_step, prompt, output) / completions * held
+        computed = max(0.0, prompt - cached) + output / 2
+        return self.preemptions_per_step(running, tokens_per_step, prompt, output) / completions * computed

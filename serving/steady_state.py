@@ -459,7 +459,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         where the KV cache binds with requests waiting; None where nothing is recomputed."""
         if limits.on_demand is None or recompute_tokens or limited != "kv_cache":
             return None
-        extra = limits.on_demand.recompute_tokens(max(1.0, running), tokens_per_step, input_tokens, o)
+        extra = limits.on_demand.recompute_tokens(max(1.0, running), tokens_per_step, input_tokens, o, cached_tokens)
         if extra < 0.5:
             return None
         again = solve(engine_step, input_tokens, output_tokens, cached_tokens, load, limits, request_overhead_s,

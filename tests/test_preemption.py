@@ -69,8 +69,8 @@ def test_a_kv_bound_closed_loop_agrees_with_the_event_simulation():
     assert sim["preemptions"] > 100
     assert state.output_tokens_per_s == pytest.approx(sim["output_tokens_per_s"], rel=0.10)
     assert unpreempted.output_tokens_per_s > 1.15 * sim["output_tokens_per_s"]
-    held = 176 + 146 / 2 + limits.on_demand.slack_tokens
-    assert 0.6 < (state.recompute_tokens / held) / (sim["preemptions"] / 1000) < 1.5
+    computed = 176 + 146 / 2      # what a victim had computed, on average
+    assert 0.6 < (state.recompute_tokens / computed) / (sim["preemptions"] / 1000) < 1.5
     assert math.isfinite(state.ttft_s["mean"]) and state.ttft_s["mean"] > unpreempted.ttft_s["mean"]
 
 
