@@ -116,14 +116,13 @@ def md1_tail(rho: float, service_s: float) -> tuple[float, float]:
     return min(1.0, (1 - rho) / (rho * math.exp(x) - 1)), x / service_s
 
 
-def waits_above(t: np.ndarray, waits: list[tuple[float, float]]) -> np.ndarray:
-    """P(W > t) for W the sum of independent waits, each zero with probability 1 - b, else exponential at rate
-    theta: [(b, theta), ...]. Over each subset of the waits present, the sum of their exponentials has the
-    hypoexponential tail sum_i exp(-theta_i t) prod_(j != i) theta_j / (theta_j - theta_i) (equal rates are
-    parted by a thousandth, which moves no quantile that matters)."""
+def wait_tail_terms(waits: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The exponentials [(weight, rate)] whose sum is P(W > t), for W the sum of independent waits, each zero with
+    probability 1 - b, else exponential at rate theta: [(b, theta), ...]. Over each subset of the waits present, the
+    sum of their exponentials has the hypoexponential tail sum_i exp(-theta_i t) prod_(j != i) theta_j /
+    (theta_j - theta_i) (equal rates are parted by a thousandth, which moves no quantile that matters)."""
     waits = [(b, th) for b, th in waits if b > 0 and th > 0 and math.isfinite(th)]
-    t = np.maximum(t, 0.0)
-    above = np.zeros_like(t)
+    terms = []
     for present in itertools.product((False, True), repeat=len(waits)):
         p = math.prod(b if on else 1 - b for (b, _), on in zip(waits, present))
         rates = sorted(th for (_, th), on in zip(waits, present) if on)
@@ -132,23 +131,37 @@ def waits_above(t: np.ndarray, waits: list[tuple[float, float]]) -> np.ndarray:
         for k in range(1, len(rates)):
             rates[k] = max(rates[k], rates[k - 1] * (1 + 1e-3))
         for i, ti in enumerate(rates):
-            coefficient = math.prod(tj / (tj - ti) for j, tj in enumerate(rates) if j != i)
-            above = above + p * coefficient * np.exp(-ti * t)
+            terms.append((p * math.prod(tj / (tj - ti) for j, tj in enumerate(rates) if j != i), ti))
+    return terms
+
+
+def _tail(t: np.ndarray, terms: list[tuple[float, float]]) -> np.ndarray:
+    t = np.maximum(t, 0.0)
+    above = np.zeros_like(t)
+    for weight, rate in terms:
+        above = above + weight * np.exp(-rate * t)
     return np.clip(above, 0.0, 1.0)
+
+
+def waits_above(t: np.ndarray, waits: list[tuple[float, float]]) -> np.ndarray:
+    """P(W > t) for the waits of `wait_tail_terms`."""
+    return _tail(t, wait_tail_terms(waits))
 
 
 def ttft_quantiles(classes: list[tuple[float, float]], residual_s: float, waits: list[tuple[float, float]],
                    qs=(50, 90, 99)) -> dict:
     """Quantiles of c + U residual + W over classes (weight, c): U uniform on [0, 1) (the step under way), W
-    the waits of `waits_above`."""
+    the waits of `wait_tail_terms`."""
     w = np.array([c[0] for c in classes])
     w = w / w.sum()
     base = np.array([c[1] for c in classes])
     u = (np.arange(16) + 0.5) / 16 * residual_s
 
+    terms = wait_tail_terms(waits)      # constant over t: the inversion below evaluates the cdf ~50 times
+
     def cdf(t: float) -> float:
         x = t - base[:, None] - u[None, :]
-        below = np.where(x >= 0, 1.0 - waits_above(x, waits), 0.0)
+        below = np.where(x >= 0, 1.0 - _tail(x, terms), 0.0)
         return float((w[:, None] * below).sum() / len(u))
 
     return {f"p{q}": _invert(cdf, q / 100, float(base.min()), float(base.max()) + residual_s) for q in qs}
@@ -184,4 +197,4 @@ def _invert(cdf, q: float, lo: float, hi: float) -> float:
 
 
 __all__ = ["BatchLaw", "LIFE_AVERAGE_VARIANCE", "MIN_PEAKEDNESS", "batch_law", "normal_mix_quantiles", "peakedness",
-           "ttft_quantiles", "waits_above"]
+           "ttft_quantiles", "wait_tail_terms", "waits_above"]

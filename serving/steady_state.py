@@ -65,7 +65,8 @@ class Limits:
     output_kv_share: float = 1.0   # share of its output's KV a running request holds on average, as the engine
                                    # admits (serving/capacity.py KV_ADMISSION: vLLM 0.5, TensorRT-LLM 1)
     on_demand: OnDemandKV | None = None   # the engine allocates blocks as requests generate and preempts the
-                                          # newest when they run out (serving/preemption.py); None: it reserves
+                                          # newest when they run out (serving/preemption.py); None: it admits a
+                                          # request only with the blocks it counts for it, and never preempts
 
 
 @dataclass
