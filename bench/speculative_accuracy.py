@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -53,6 +55,41 @@ def crossover() -> list[dict]:
     return rows
 
 
+PR24322_K = (3, 4, 5, 6, 7, 8)
+
+
+def summary(rows: list[dict]) -> list[list[str]]:
+    """Median |error| of TPOT and output tokens/s per method and source, and the rows within 20% on both."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["setup"].split(" ")[0], r["id"].split("-")[0]), []).append(r)
+    out = []
+    for (method, source), rs in sorted(groups.items()):
+        tpot = [abs(r["error"]["tpot_ms"]) for r in rs if "tpot_ms" in r["error"]]
+        tok = [abs(r["error"]["output_tok_s"]) for r in rs if "output_tok_s" in r["error"]]
+        within = sum(all(abs(e) <= 0.2 for e in r["error"].values()) for r in rs)
+        out.append([f"{method} ({source})", str(len(rs)), f"{statistics.median(tpot):.1%}" if tpot else "-",
+                    f"{statistics.median(tok):.1%}" if tok else "-", f"{within} of {len(rs)}"])
+    return out
+
+
+def pr24322_sweep(rows: list[dict]) -> list[list[str]]:
+    """The k x users grid of vLLM PR #24322's runs: output tok/s error (TPOT error) per cell."""
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        m = re.search(r"vllm_pr24322-.*-(draft-1b|eagle3)-k(\d+)-c(\d+)$", r["id"])
+        if m:
+            cells[(m.group(1), int(m.group(3)), int(m.group(2)))] = r["error"]
+    out = []
+    for method, users in sorted({(m, u) for m, u, _ in cells}):
+        line = ["draft: Llama-3.2-1B" if method == "draft-1b" else "EAGLE-3", str(users)]
+        for k in PR24322_K:
+            e = cells.get((method, users, k))
+            line.append(f"{e['output_tok_s']:+.0%} ({e['tpot_ms']:+.0%})" if e else "-")
+        out.append(line)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", nargs="+", default=DEV + [CURATED], help="JSONL files of runs")
@@ -86,6 +123,15 @@ def main(argv=None) -> int:
     for i, why in refused:
         print(f"refused {i}: {why}")
     print()
+    print(format_table(["runs", "rows", "TPOT median |error|", "tok/s median |error|", "both within 20%"],
+                       summary(out), title="Per method and source"))
+    print()
+    sweep = pr24322_sweep(out)
+    if sweep:
+        print(format_table(["setup", "users"] + [f"k={k}" for k in PR24322_K], sweep,
+                           title="vLLM PR #24322's sweep (Llama-3.3-70B on 2 x H100 PCIe): output tok/s error "
+                                 "(TPOT error)"))
+        print()
     print(format_table(["SpecDecode-Bench setup", "accept len"] + [f"batch {b}" for b in CROSSOVER_BATCHES],
                        [[r["setup"], f"{r['acceptance_length']:g}"]
                         + [f"{r['predicted'][b]:.2f}x" + (f" (stated {r['stated'][b]})" if b in r["stated"] else "")

@@ -6,7 +6,8 @@ A row becomes: a bundled model, a device profile, an engine and its release, wei
 - `offline_max_throughput`: every request queued at once (a finite burst of `num_requests`);
 - `online_request_rate` at a rate: Poisson arrivals split round robin over the DP replicas; with no rate
   (`vllm bench serve`'s default, rate inf): a finite burst, every prompt sent at once;
-- `online_concurrency`: a closed loop of that many users;
+- `online_concurrency`: a closed loop of that many users over the run's `num_requests` (its ramp and drain
+  walked), their sends paced at `request_rate` where one is stated;
 - `offline_batch` (`benchmark_latency.py`): one batch of `batch_size` requests, measured as its whole time.
 Rows tracecost cannot map (a model it does not bundle, a GPU with no profile, speculative decoding, a layout it
 does not price) are skipped with the reason.
@@ -259,11 +260,12 @@ def _load(r: dict, replicas: int) -> Load:
     requests = int(r.get("num_requests") or 0)
     if r["mode"] == "offline_batch":
         return Load(MAX, requests=int(r.get("batch_size") or 1))
+    if r.get("concurrency"):     # the users cap the load; a stated rate paces their sends (vllm bench serve)
+        return Load(CONCURRENCY, float(r["concurrency"]) / replicas, requests=math.ceil(requests / replicas),
+                    send_rate=float(r.get("request_rate") or 0.0) / replicas)
     if r.get("request_rate"):
         return Load(RATE, float(r["request_rate"]) / replicas, requests=math.ceil(requests / replicas),
                     spread=replicas)
-    if r.get("concurrency"):
-        return Load(CONCURRENCY, float(r["concurrency"]) / replicas)
     return Load(MAX, requests=math.ceil(requests / replicas))
 
 

@@ -26,7 +26,7 @@ lengths, the KV admission the running mix (long outputs stay longer), TTFT each 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .lengths import LengthDistribution, fixed_lengths
 from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, md1_tail, normal_mix_quantiles,
@@ -36,6 +36,8 @@ from .preemption import OnDemandKV
 from .step_walk import walk as _walk
 
 RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
+# a finite closed loop is walked step by step up to this many steps (about 2 s); a longer run keeps its steady state
+FINITE_RUN_STEPS = 200_000
 QUANTILES = (50, 90, 99)     # the percentiles of TTFT and TPOT a steady state reports
 
 
@@ -44,14 +46,17 @@ class Load:
     kind: str                    # rate | concurrency | max
     value: float = 0.0           # requests/s, or users
     arrival: str = "poisson"     # open loop: poisson or constant
-    requests: int = 0            # max throughput: how many are queued at once (0: a long run)
+    requests: int = 0            # requests the run sends: queued at once (max), by the users (concurrency); 0: endless
     spread: int = 1              # this engine takes every spread-th request of the stream (round-robin routing)
+    send_rate: float = 0.0       # concurrency: a client pacing its sends at this many requests/s (0: at once)
 
     def __post_init__(self):
         if self.kind not in (RATE, CONCURRENCY, MAX):
             raise ValueError(f"unknown load '{self.kind}'")
         if self.kind != MAX and not (self.value > 0 and math.isfinite(self.value)):
             raise ValueError(f"a {self.kind} load needs a finite value > 0")
+        if not (self.send_rate >= 0 and math.isfinite(self.send_rate)):
+            raise ValueError("a client's send rate must be finite and >= 0")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,10 @@ class SteadyState:
     queue_s: float = 0.0         # mean wait for a slot in the batch (all slots taken when it arrives)
     lengths: str = ""            # which lengths the answer used
     recompute_tokens: float = 0.0   # prefill tokens per request of preempted requests recomputed (full cache)
+
+
+def _joined(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
 
 
 def admitted(limits: Limits, input_tokens: int, output_tokens: int, cached_tokens: int = 0,
@@ -437,23 +446,81 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             return 0.0, 0.0
         return md1_tail(min(rate * frontend_s, 0.98), frontend_s)
 
-    def walked(arrivals: list[float], steady: SteadyState, limited: str, note: str) -> SteadyState:
-        count = len(arrivals)
+    def walked_requests(count: int) -> list[tuple[int, int]]:
+        """(prompt tokens to prefill, output tokens) of each of `count` walked requests."""
         if lengths is None:
-            requests = [(prompts[0][1], int(o))] * count
-        else:
-            requests = [(max(1, i - cached_tokens), out) for i, out in lengths.sample(count)]
+            return [(prompts[0][1], int(o))] * count
+        return [(max(1, i - cached_tokens), out) for i, out in lengths.sample(count)]
+
+    def full_step_recompute(recompute: float) -> float:
+        """At a full batch its decoding requests complete n a / O a step, each bringing its share of the
+        recompute."""
+        return admit * decode_steps / residence_steps(admit) * tokens_per_step / o * recompute
+
+    def walked(arrivals: list[float], steady: SteadyState, limited: str, note: str) -> SteadyState:
+        requests = walked_requests(len(arrivals))
         entries, last = [], -math.inf     # each enters the engine once the server has taken it (and those before) in
         for a in arrivals:
             last = max(a, last) + frontend_s
             entries.append(last)
-        # at a full batch its decoding requests complete n a / O a step, each bringing its share of the recompute
-        full = admit * decode_steps / residence_steps(admit) * tokens_per_step / o * recompute_tokens
-        walk = _walk(step, entries, requests, admit, budget, limits.chunked_prefill, tokens_per_step, full)
+        walk = _walk(step, entries, requests, admit, budget, limits.chunked_prefill, tokens_per_step,
+                     full_step_recompute(recompute_tokens))
         delays = [e - a for a, e in zip(arrivals, entries)]
         if frontend_s > 0:
             note += f"; the HTTP server takes one request in every {frontend_s * 1e3:.3g} ms"
         return _walked(walk, steady, request_overhead_s, requests, cached_tokens, limited, note, delays)
+
+    def closed_loop() -> SteadyState:
+        """Closed loop: R x E2E(R) = C, where R x E2E grows with R; solved by bisection below saturation."""
+        users = load.value
+        top = saturation()
+        at_top = result(top * 0.999, True, "load", qs=())
+        if top * 0.999 * at_top.e2e_s["mean"] <= users:
+            # more users than the engine serves at once: the extra ones wait for a slot
+            _, limited, _ = feasible(top * 1.01)
+            again = preempting(limited, state(top * 0.999)[0])
+            if again is not None:
+                return again
+            queued = max(0.0, users - top * at_top.e2e_s["mean"]) / top
+            return result(top * 0.999, True, limited, ttft_extra=queued)
+        lo, hi = 0.0, top * 0.999
+        while hi - lo > 1e-5 * hi:
+            mid = (lo + hi) / 2
+            if mid * result(mid, True, "load", qs=()).e2e_s["mean"] < users:
+                lo = mid
+            else:
+                hi = mid
+        return result(lo, True, "load")
+
+    def finite_run(steady: SteadyState) -> SteadyState:
+        """N requests by `users` users (`vllm bench serve --max-concurrency C --num-prompts N`, sent at once or
+        paced at `send_rate`): the run's throughput is its tokens over the time to its last token, so it pays for
+        the ramp (users not all in yet) and the drain (the last requests finish alone; with spread lengths, the
+        longest last). Walked step by step with the client's cap; the latencies stay the steady state's (a walk of
+        fixed lengths keeps the users in lockstep, which spread lengths do not)."""
+        if not load.requests:
+            return steady
+        users = max(1, round(load.value))
+        steps = load.requests * (decode_steps + 1) / min(users, admit)
+        if steps > FINITE_RUN_STEPS:
+            return replace(steady, note=_joined(steady.note, f"{load.requests} requests by {load.value:g} users: "
+                                                             f"too long a run to walk, priced in its steady state"))
+        spacing = 1.0 / load.send_rate if load.send_rate else 0.0
+        server_s = request_overhead_s + frontend_s      # a request's time in the server, outside the engine
+        arrivals = [server_s + i * spacing for i in range(load.requests)]
+        requests = walked_requests(load.requests)
+        _, _, makespan = _walk(step, arrivals, requests, admit, budget, limits.chunked_prefill, tokens_per_step,
+                               full_step_recompute(steady.recompute_tokens), users=users, resend_s=server_s)
+        rate = load.requests / (makespan + server_s)     # the run starts at the first send, the walk at its entry
+        mean_in = sum(i for i, _ in requests) / len(requests) + cached_tokens
+        mean_out = sum(out for _, out in requests) / len(requests)
+        paced = f", sent at {load.send_rate:g}/s" if load.send_rate else ", all ready at once"
+        share = rate * mean_out / steady.output_tokens_per_s if steady.output_tokens_per_s > 0 else 1.0
+        note = (f"{load.requests} requests by {load.value:g} users{paced}: the run's throughput over its ramp and "
+                f"drain, walked step by step ({share:.3f} of the steady state's tokens/s)"
+                + ("" if lengths is not None else "; fixed lengths: a spread of outputs would lengthen the drain"))
+        return replace(steady, request_rate=rate, output_tokens_per_s=rate * mean_out,
+                       total_tokens_per_s=rate * (mean_in + mean_out), note=_joined(steady.note, note))
 
     def preempting(limited: str, running: float) -> SteadyState | None:
         """The load solved again with the recompute of the requests a full cache preempts (serving/preemption.py),
@@ -463,7 +530,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         extra = limits.on_demand.recompute_tokens(max(1.0, running), tokens_per_step, input_tokens, o, cached_tokens)
         if extra < 0.5:
             return None
-        again = solve(engine_step, input_tokens, output_tokens, cached_tokens, load, limits, request_overhead_s,
+        endless = replace(load, requests=0) if load.kind == CONCURRENCY else load   # finite_run walks it once
+        again = solve(engine_step, input_tokens, output_tokens, cached_tokens, endless, limits, request_overhead_s,
                       shared_prefix_kv, lengths, frontend_s, tokens_per_step, quantiles, extra)
         if again.limited_by != "kv_cache":      # the recompute moved what binds: no queue behind a full cache
             return None
@@ -502,26 +570,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return walked([i * spacing for i in range(load.requests)], result(top, False, limited), limited,
                       note + f": {load.requests} requests, the queue grows while they arrive")
     if load.kind == CONCURRENCY:
-        # closed loop: R x E2E(R) = C, where R x E2E grows with R; solved by bisection below saturation
-        users = load.value
-        top = saturation()
-        at_top = result(top * 0.999, True, "load", qs=())
-        if top * 0.999 * at_top.e2e_s["mean"] <= users:
-            # more users than the engine serves at once: the extra ones wait for a slot
-            _, limited, _ = feasible(top * 1.01)
-            again = preempting(limited, state(top * 0.999)[0])
-            if again is not None:
-                return again
-            queued = max(0.0, users - top * at_top.e2e_s["mean"]) / top
-            return result(top * 0.999, True, limited, ttft_extra=queued)
-        lo, hi = 0.0, top * 0.999
-        while hi - lo > 1e-5 * hi:
-            mid = (lo + hi) / 2
-            if mid * result(mid, True, "load", qs=()).e2e_s["mean"] < users:
-                lo = mid
-            else:
-                hi = mid
-        return result(lo, True, "load")
+        return finite_run(closed_loop())
     # maximum throughput: as many running as the engine admits, the rest queued
     top = saturation()
     _, limited, _ = feasible(top * 1.01)

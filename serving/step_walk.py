@@ -7,13 +7,16 @@ import math
 
 
 def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: int, budget: int, chunked: bool,
-         tokens_per_step: float = 1.0, full_step_prefill: float = 0.0) -> tuple[list[float], list[float], float]:
+         tokens_per_step: float = 1.0, full_step_prefill: float = 0.0,
+         users: int = 0, resend_s: float = 0.0) -> tuple[list[float], list[float], float]:
     """An engine's steps over requests [(prompt tokens to prefill, output tokens)] arriving at `arrivals`
     (sorted seconds): (each request's wait for its first token, each TPOT, makespan from the first arrival to the
     last token). Each step fills the token budget with the running requests' decodes, then with prefill of the
     admitted prompts in order; at most `admit` requests run (prefilling or decoding) at once. `full_step_prefill`:
     prefill tokens a step carries beyond these while every slot is taken and requests wait (the recompute of the
-    requests a full KV cache preempts, serving/preemption.py)."""
+    requests a full KV cache preempts, serving/preemption.py). `users` > 0: a client that keeps at most that many
+    requests in flight (`vllm bench serve --max-concurrency`): request j reaches the engine `resend_s` (the server's
+    own work on a request) after j - users requests have finished, and its wait counts from then."""
     n = len(arrivals)
     t = arrivals[0]
     waiting: list = []             # indices not yet admitted, in arrival order (a pointer into it)
@@ -23,16 +26,22 @@ def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: in
     done, nxt, steps = 0, 0, 0
     waits: list[float] = []
     tpots: list[float] = []
+    sent = list(arrivals)          # when each request reaches the engine
+    finished_at: list[float] = []  # completion times, in order: the slots a capped client frees
     while done < n:
-        while nxt < n and arrivals[nxt] <= t:
+        while nxt < n and (not users or nxt < users + len(finished_at)):
+            if users and nxt >= users:
+                sent[nxt] = max(arrivals[nxt], finished_at[nxt - users] + resend_s)
+            if sent[nxt] > t:
+                break
             waiting.append(nxt)
             nxt += 1
         while head < len(waiting) and len(prefilling) + len(decoding) < admit:
             k = waiting[head]
             head += 1
-            prefilling.append([arrivals[k], requests[k][0], requests[k][1]])
+            prefilling.append([sent[k], requests[k][0], requests[k][1]])
         if not prefilling and not decoding:
-            t = arrivals[nxt]      # idle until the next request arrives
+            t = sent[nxt]          # idle until the next request arrives
             continue
         room, prefill, finished = budget - len(decoding), 0, 0
         for item in prefilling:
@@ -53,6 +62,7 @@ def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: in
         while decoding and decoding[0][0] <= steps:
             _, first, output = heapq.heappop(decoding)
             done += 1
+            finished_at.append(t)
             tpots.append((t - first) / (output - 1))
         for arrival, _, output in prefilling[:finished]:
             waits.append(t - arrival)
@@ -60,5 +70,6 @@ def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: in
                 heapq.heappush(decoding, (steps + math.ceil((output - 1) / tokens_per_step), t, output))
             else:
                 done += 1
+                finished_at.append(t)
         del prefilling[:finished]
     return waits, tpots, t - arrivals[0]

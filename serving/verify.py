@@ -59,7 +59,8 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
     if load.kind == MAX and not load.requests:
         load = Load("rate", candidate.request_rate, load.arrival)
     per_engine_running = max(1.0, candidate.running / max(1, layout.pp))
-    burst = load.kind == MAX and load.requests > 0      # a finite run: every request at once, all of it counts
+    # a finite run (every request at once, or N requests by C users): all of it counts
+    burst = load.kind in (MAX, CONCURRENCY) and load.requests > 0
     if burst:
         n = load.requests
     else:

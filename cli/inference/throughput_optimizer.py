@@ -62,11 +62,8 @@ def _load(args) -> Load:
     requests = args.num_requests or 0
     if args.request_rate is not None:
         return Load(RATE, args.request_rate, args.arrival, requests=requests)
-    if args.concurrency is not None:
-        if requests:
-            raise InputError("--num-requests with --concurrency: a closed loop is priced in its steady state; "
-                             "give --num-requests alone for a finite burst")
-        return Load(CONCURRENCY, float(args.concurrency))
+    if args.concurrency is not None:   # with --num-requests: N requests by C users, all ready at once
+        return Load(CONCURRENCY, float(args.concurrency), requests=requests)
     return Load(MAX, requests=requests)
 
 
@@ -442,7 +439,8 @@ def main(argv=None) -> int:
                         "output_length) or JSONL file, or a bundled set (" + ", ".join(bundled_sets()) + ")")
     p.add_argument("--num-requests", type=positive_int, default=None, metavar="N",
                    help="a finite run of N requests: alone, all sent at once (as vllm bench serve does); with "
-                        "--request-rate, N arrivals at that rate; its throughput includes ramp-up and tail")
+                        "--request-rate, N arrivals at that rate; with --concurrency, N requests by C users "
+                        "(--max-concurrency C --num-prompts N); its throughput includes ramp-up and tail")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--request-rate", type=typed(_positive_float), default=None, metavar="R",
                       help="open-loop load: R requests/s over the whole deployment")

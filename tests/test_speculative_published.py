@@ -1,0 +1,45 @@
+"""The curated speculative runs (bench/data/speculative_published.jsonl) that bench/speculative_accuracy.py predicts:
+every row maps to a run, and vLLM PR #24322's sweep is whole and self-consistent."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from serving.published import load_published
+
+DATA = Path(__file__).resolve().parents[1] / "bench" / "data" / "speculative_published.jsonl"
+SWEEP = re.compile(r"vllm_pr24322-h100pcie-x2-llama3\.3-70b-(draft-1b|eagle3)-k(\d+)-c(\d+)$")
+
+
+def rows() -> list[dict]:
+    return [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+
+
+def test_every_curated_row_maps_to_a_speculative_run_with_a_source():
+    data = rows()
+    assert len({r["id"] for r in data}) == len(data)
+    runs, skipped = load_published(str(DATA))
+    assert skipped == [] and len(runs) == len(data)
+    assert all(r.speculation is not None for r in runs)
+    assert all(r["source"] and r["source_url"].startswith("https://") for r in data)
+
+
+def test_pr24322_sweep_is_every_cell_with_its_stated_acceptance():
+    cells = {}
+    for r in rows():
+        m = SWEEP.match(r["id"])
+        if m:
+            cells[(m.group(1), int(m.group(2)), int(m.group(3)))] = r
+    assert set(cells) == {(m, k, c) for m in ("draft-1b", "eagle3") for k in range(3, 9)
+                          for c in (1, 2, 4, 8, 16, 32, 64)}
+    runs = {r.id: r for r in load_published(str(DATA))[0]}
+    for (method, k, users), r in cells.items():
+        spec = runs[r["id"]].speculation
+        assert spec.k == k and spec.method == ("draft" if method == "draft-1b" else "eagle3")
+        assert spec.tokens_per_step == pytest.approx(r["spec_decode"]["acceptance"], rel=1e-3)
+        assert runs[r["id"]].load.value == users
+        # a step gains a request `acceptance` tokens: the inter-chunk latency is about TPOT x acceptance
+        itl = r["itl_ms"]["mean"] if isinstance(r["itl_ms"], dict) else None
+        if itl:
+            assert itl == pytest.approx(r["tpot_ms"]["mean"] * r["spec_decode"]["acceptance"], rel=0.1)
