@@ -538,7 +538,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         again.recompute_tokens = extra
         told = f"the full KV cache preempts: {extra:.0f} tokens recomputed per request ({extra / input_tokens:.0%} " \
                f"of a prompt)"
-        again.note = f"{again.note}; {told}" if again.note else told
+        again.note = _joined(again.note, told)
         return again
 
     shared = cached_tokens if shared_prefix_kv else 0

@@ -2,6 +2,7 @@
 throughput counts the ramp and the drain (serving/steady_state.py finite_run, walked by serving/step_walk.py)."""
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,9 @@ from serving.steady_state import CONCURRENCY, Load, solve
 from serving.step_walk import walk
 from serving.verify import simulate_candidate
 from tracer import TraceOptions, resolve_model
+
+
+CURATED = Path(__file__).resolve().parents[1] / "bench" / "data" / "speculative_published.jsonl"
 
 
 def constant_step(decoding, prefill):
@@ -63,7 +67,7 @@ def test_a_finite_closed_loop_agrees_with_the_event_simulation(lengths):
 
 
 def test_a_published_concurrency_row_is_its_finite_run_paced_at_its_rate():
-    row = json.loads(next(line for line in open("bench/data/speculative_published.jsonl")
+    row = json.loads(next(line for line in CURATED.read_text().splitlines()
                           if '"vllm_pr24322-h100pcie-x2-llama3.3-70b-eagle3-k7-c8"' in line))
     run, why = map_row(row)
     assert why is None

@@ -1,7 +1,7 @@
 """Best serving setup (parallel layout and load) for a model on N devices, within TTFT / TPOT limits.
 
     python -m cli.inference.throughput_optimizer MODEL --device DEVICE --num-devices N --input-length I
-        --output-length O | --lengths-file FILE [--request-rate R | --concurrency C | --num-requests N]
+        --output-length O | --lengths-file FILE [--request-rate R | --concurrency C] [--num-requests N]
         [--ttft-limit MS] [--tpot-limit MS] [--limit-stat mean|p50|p90|p99]
         [--prefix-cache-hit-rate H] [--mode mixed|disagg|both] [--tp-sizes ..] [--pp-sizes ..] [--ep-sizes ..]
         [--attention-dp auto|on|off] [--nodes K] [--verify N] [--plot FILE.png] [--emit vllm|sglang|trtllm]
