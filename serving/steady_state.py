@@ -519,7 +519,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         note = (f"{load.requests} requests by {load.value:g} users{paced}: the run's throughput over its ramp and "
                 f"drain, walked step by step ({share:.3f} of the steady state's tokens/s)"
                 + ("" if lengths is not None else "; fixed lengths: a spread of outputs would lengthen the drain"))
-        return replace(steady, request_rate=rate, output_tokens_per_s=rate * mean_out,
+        return replace(steady, request_rate=rate, running=min(steady.running, load.requests),
+                       output_tokens_per_s=rate * mean_out,
                        total_tokens_per_s=rate * (mean_in + mean_out), note=_joined(steady.note, note))
 
     def preempting(limited: str, running: float) -> SteadyState | None:

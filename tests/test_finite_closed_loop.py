@@ -81,3 +81,13 @@ def test_the_optimizer_takes_num_requests_with_concurrency(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["load"]["requests"] == 80
     assert any("80 requests by 8 users" in n for n in out["best"]["notes"])
+
+
+def test_a_run_of_fewer_requests_than_users_runs_only_its_requests():
+    s = _searcher()
+    layout = Layout(1)
+    cost = s.cost(layout)
+    limits, _ = s.engine_limits(layout)
+    state = solve(cost.steady, 200, 150, 0, Load(CONCURRENCY, 3, requests=2), limits,
+                  cost.overheads.request_ms * 1e-3)
+    assert state.running == 2 and "2 requests by 3 users" in state.note
