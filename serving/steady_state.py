@@ -263,6 +263,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         f0 = after(s0)
         if abs(f0 - s0) <= 1e-6 * s0:
             return (*shapes(rate, s0), s0)
+        start = s0
         s1 = 0.5 * (s0 + f0)
         for _ in range(60):
             f1 = after(s1)
@@ -273,7 +274,27 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             if not 0.0 < s2 < math.inf:
                 s2 = 0.5 * (s1 + f1)
             s0, f0, s1 = s1, f1, s2
+        else:
+            if abs(after(s1) - s1) > 1e-6 * s1:
+                s1 = lowest_fixed_point(after, start)
         return (*shapes(rate, s1), s1)
+
+    def lowest_fixed_point(after, s: float) -> float:
+        """The smallest s with after(s) = s, by bracketing and bisection: where the secant does not settle (near
+        saturation, where the mean step grows almost as fast as s, or past it, where its iterates wander and its
+        last one can sit anywhere below the admission limit). An engine filling up from empty stops at the
+        lowest one; past saturation that is the capped batch (shapes), which feasible() refuses."""
+        lo, hi = s, s
+        while after(lo) <= lo and lo > 1e-12:
+            lo, hi = lo * 0.5, lo
+        for _ in range(200):   # shapes() caps the batch, so the mean step is bounded and this ends
+            if after(hi) <= hi:
+                break
+            lo, hi = hi, hi * 2.0
+        while hi - lo > 1e-7 * hi:
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if after(mid) > mid else (lo, mid)
+        return hi
 
     def own_prefill_steps(n: float) -> float:
         capacity = prefill_capacity(n)

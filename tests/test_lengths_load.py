@@ -132,3 +132,20 @@ def test_engines_admit_by_the_output_share_they_hold_and_a_full_cache_serves_not
     assert tiny.request_rate == 0 and not tiny.stable and "cannot hold one request" in tiny.note
     d = read_lengths("mlperf-llama2-70b").scaled(291)
     assert d.mean_output == pytest.approx(291, rel=0.01) and d.longest("output") > 1016
+
+
+@pytest.mark.parametrize("per_request_s", [0.2e-3, 0.3e-3, 0.35e-3])
+def test_saturation_of_a_step_linear_in_its_work_is_the_analytic_one(per_request_s):
+    """A step of a + b n + c p (n decodes, p prompt tokens) at a rate R holds n = R D s and p = R I s, so the
+    full batch (n = admit) completes R = admit / (D a + admit (D b + I c)) requests/s. The mean step there grows
+    nearly as fast as the step itself, where the secant search for the step did not settle and its last
+    iterate (a small batch, a short step) passed for a stable state 15-31% past saturation."""
+    a, c, admit = 0.0157, 0.287e-3, 4096
+
+    def step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context):
+        return a + per_request_s * decoding + c * prefill_tokens
+    state = solve(step, 128, 128, 0, Load(MAX), Limits(max_num_seqs=admit, max_batched_tokens=8192,
+                                                           kv_tokens=10_000_000))
+    analytic = admit / (127 * a + admit * (127 * per_request_s + 128 * c))
+    assert state.request_rate == pytest.approx(analytic, rel=0.01)
+    assert state.running > 0.95 * admit
