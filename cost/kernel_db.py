@@ -111,13 +111,35 @@ def _served_backend_rows(t, backends: tuple) -> list[bool]:
     return [rank.get(source, len(rank)) == best[key] for key, source in zip(shape, sources)]
 
 
-def _attention(t, phase: str, keys_after_step: bool, backends: tuple = ()) -> tuple[list, list]:
+def _served_query_rows(t, fp8_kv_query: str) -> list[bool]:
+    """Rows whose query (compute) dtype is the one the engine runs over their KV format. A table can time one
+    shape over an fp8 KV cache twice, with a bf16 and with an fp8 query (`attn_dtype`): two kernels, 7-36%
+    apart on L40S and RTX PRO 6000 (the fp8 one slower), which one fit cannot follow. Where a backend times
+    both, the engine's `fp8_kv_query` is kept; where it times one (SGLang's fa3 and trtllm_mha only fp8, its
+    FlashInfer only bf16), that one is what the backend runs."""
+    n = len(t["latency"])
+    queries = t.get("attn_dtype")
+    if queries is None:
+        return [True] * n
+    sources = t.get("kernel_source") or [""] * n
+    windows = t.get("window_size") or [0] * n
+    shape = [(sources[i], int(t["head_dim"][i]), bool(windows[i]), t["kv_cache_dtype"][i]) for i in range(n)]
+    timed: dict = {}
+    for key, query in zip(shape, queries):
+        timed.setdefault(key, set()).add(query)
+    return [len(timed[key]) == 1 or query == (fp8_kv_query if key[3] == "fp8" else key[3])
+            for key, query in zip(shape, queries)]
+
+
+def _attention(t, phase: str, keys_after_step: bool, backends: tuple = (),
+               fp8_kv_query: str = "bfloat16") -> tuple[list, list]:
     rows, ms = [], []
     windows = t.get("window_size") or [0] * len(t["latency"])
     served = _served_backend_rows(t, backends)
+    query_served = _served_query_rows(t, fp8_kv_query)
     for i, lat in enumerate(t["latency"]):
         kv = _KV.get(t["kv_cache_dtype"][i])
-        if kv is None or not served[i]:
+        if kv is None or not served[i] or not query_served[i]:
             continue
         b, h, kvh, d = (int(t[c][i]) for c in ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
         if phase == "prefill":
@@ -145,6 +167,8 @@ class Collector:
     attention_backends: tuple = ()         # attention backends in the order the engine's default selection
                                            # prefers them (`kernel_source`); rows of a less preferred one
                                            # timing a head dim the preferred one also times are dropped
+    fp8_kv_query: str = "bfloat16"         # the query dtype of attention over an fp8 KV cache, where a table
+                                           # times both (`attn_dtype`)
 
     def keys_after_step(self, version: str) -> bool:
         return not _before(version, self.step_keys_until)
@@ -170,6 +194,10 @@ COLLECTORS = {
                         # others cannot (python/sglang/srt/server_args.py _get_default_attn_backend; the
                         # collector's collect_attn.py takes Triton for head dim 192 on SM100 and on SM120)
                         attention_backends=("fa3", "trtllm_mha", "flashinfer", "triton")),
+    # TensorRT-LLM's PyTorch flow runs paged context FMHA (chunked prefill, KV-cache reuse: both on by default)
+    # over an fp8 KV cache only as FP8 attention, an fp8 query (tensorrt_llm/_torch/attention_backend/trtllm.py
+    # raises "When FP8 KV cache is being used, paged context FMHA cannot be used without FP8 attention")
+    "trtllm": Collector(fp8_kv_query="fp8"),
 }
 
 
@@ -233,7 +261,7 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
     for table, phase in (("context_attention_perf.parquet", "prefill"), ("generation_attention_perf.parquet", "decode")):
         if f := store.find(system, "attention", engine, table):
             add(f"{phase}_attention", f, _attention(store.read(f), phase, collector.keys_after_step(_version(f)),
-                                                    collector.attention_backends))
+                                                    collector.attention_backends, collector.fp8_kv_query))
     if f := store.find(system, "moe", engine, "moe_perf.parquet"):
         add("moe", f, _moe(store.read(f), collector.relu2_timed_gated(_version(f)), collector.single_rank_ep))
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):

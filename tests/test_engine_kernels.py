@@ -237,6 +237,50 @@ def test_tables_keep_the_backend_a_default_launch_runs_for_each_head_dim(tmp_pat
     assert len(load_tables(str(tmp_path), "b300_sxm", "vllm")["prefill_attention"].rows) == 6
 
 
+def test_a_group_too_large_to_pack_runs_a_cta_per_query_head_rereading_from_l2():
+    """Up to max_group query heads over one KV head share its CTA (flat in the heads); past it each query head
+    reads the keys again, once from HBM and the repeats from L2."""
+    p = DecodeAttentionParams(max_group=32, l2_speedup=2.0)
+
+    def times(heads, params=p):
+        return decode_attention_time(params, 132, 3.35e12, 50e6, 16, 8191, heads, 1, 128)
+
+    def seconds(heads, params=p):
+        return float(times(heads, params).seconds)
+    assert seconds(32) < 1.3 * seconds(8)
+    assert seconds(64) > 10 * seconds(32)
+    # 16 x 8192 keys x 512 B of K and V: once from HBM, 63 more times at twice its speed
+    kv = 16 * 8192 * 512
+    assert np.isclose(float(times(64).memory_s), (kv + 63 * kv / 2.0 + 16 * 64 * 512) / (3.35e12 * p.memory))
+    assert np.isclose(seconds(128), 2 * seconds(64), rtol=0.1)
+    unlimited = DecodeAttentionParams(l2_speedup=2.0)
+    assert np.isclose(seconds(64, unlimited), seconds(32, unlimited), rtol=0.2)
+
+
+def test_tables_keep_the_query_dtype_the_engine_runs_over_an_fp8_cache(tmp_path):
+    """A table can time one shape over an fp8 KV cache with a bf16 and with an fp8 query (`attn_dtype`), two
+    kernels. TensorRT-LLM keeps the fp8-query rows (its paged context FMHA over fp8 KV is FP8 attention), the
+    others the bf16-query ones; a backend timed with one query dtype keeps its rows either way."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from cost.kernel_db import load_tables
+    cases = [("torch_flow", "bfloat16", "bfloat16", 0.10), ("torch_flow", "bfloat16", "fp8", 0.11),
+             ("torch_flow", "fp8", "fp8", 0.14), ("fa3", "fp8", "fp8", 0.07)]
+    table = {c: [] for c in ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype",
+                             "attn_dtype", "window_size", "kernel_source", "latency", "step")}
+    for source, query, kv, ms in cases:
+        for name, value in zip(table, (4, 1024, 32, 8, 128 if source != "fa3" else 64, kv, query, 0, source, ms, 0)):
+            table[name].append(value)
+    for engine, kept_ms in (("trtllm", [0.10, 0.14, 0.07]), ("vllm", [0.10, 0.11, 0.07])):
+        folder = tmp_path / engine / "l40s" / "attention" / engine / "1.0.0"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table(table), folder / "context_attention_perf.parquet")
+        kept = load_tables(str(tmp_path / engine), "l40s", engine)["prefill_attention"]
+        assert np.allclose(kept.seconds * 1e3, kept_ms), (engine, kept.seconds)
+        assert [r.kv_dtype for r in kept.rows] == ["bf16", "fp8", "fp8"]
+
+
 def test_a_kernel_that_sweeps_the_whole_causal_range_pays_for_the_keys_before_the_window():
     args = (170, 1e15, 5e13, 1.8e12, 128e6, 1, 16384, 0, 32, 8, 128)
     skipping = prefill_attention_time(PrefillAttentionParams(), *args, window=1024).seconds

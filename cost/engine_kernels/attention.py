@@ -94,6 +94,10 @@ class DecodeAttentionParams(ParamSet):
     l2_fraction: float = param(0.8, 0.05, 1.0, "share of L2 a resident KV cache may fill")
     window_overread: float = param(1.1, 1.0, 3.0, "keys read per key of a sliding window (page edges, splits)")
     block_n: int = param(128, 16, 512, "keys per split unit (kernel data)", fitted=False)
+    # TensorRT-LLM's XQA decode kernel packs at most 32 query heads per KV head; a larger group runs its
+    # masked-MHA kernel, a CTA per query head, re-reading the KV head's keys (every TensorRT-LLM table, A100 to
+    # GB300: flat to 32 heads over one KV head, then x14-x36 at 64 and linear in the heads)
+    max_group: int = param(4096, 1, 4096, "most query heads one CTA packs per KV head (kernel data)", fitted=False)
 
 
 def _sum_min_series(first, step, cap, count):
@@ -186,7 +190,10 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     b, c, h, kvh, d, w, kvb = arrays(batch, context, heads, kv_heads, head_dim, window, kv_bytes)
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     keys = np.where(w > 0, np.minimum(c + 1, w * p.window_overread), c + 1)
-    items = b * kvh * (1.0 + (h / kvh - 1.0) * (1.0 - p.pack_gqa))
+    group = h / kvh
+    beyond = group > p.max_group      # too many query heads to pack: a CTA per query head
+    pack = np.where(beyond, 0.0, p.pack_gqa)
+    items = b * kvh * (1.0 + (group - 1.0) * (1.0 - pack))
     slots = compute_units * p.occupancy
     blocks = np.ceil(keys / p.block_n)
     splits = np.where(items >= p.split_threshold * slots, 1.0,
@@ -194,8 +201,12 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     key_bytes = (d + np.where(kv_shares_storage, 0.0, dv)) * kvb
     kv_read = items * keys * key_bytes
     hot = resident & (kv_read <= l2_bytes * p.l2_fraction)
-    stream = (np.where(hot, kv_read / p.l2_speedup, kv_read) + b * h * (d + dv) * act_bytes) / (bandwidth * p.memory)
-    latency = np.maximum(p.cta_us + p.cta_head_dim_us * d / 128.0 + p.cta_group_us * h / kvh * p.pack_gqa, 0.05)
+    # past the packing limit the query heads of one KV head read its keys at about the same time: one read from
+    # HBM, the repeats from L2
+    repeats = np.where(beyond & (p.pack_gqa > 0), kv_read * (1.0 - 1.0 / group), 0.0)
+    from_memory = np.where(hot, kv_read / p.l2_speedup, kv_read - repeats + repeats / p.l2_speedup)
+    stream = (from_memory + b * h * (d + dv) * act_bytes) / (bandwidth * p.memory)
+    latency = np.maximum(p.cta_us + p.cta_head_dim_us * d / 128.0 + p.cta_group_us * group * pack, 0.05)
     cta = latency * 1e-6 + np.ceil(keys / splits) * key_bytes / (p.unit_bandwidth_gbps * 1e9)
     waves = np.ceil(items * splits / slots) * cta
     fixed = p.fixed_us * 1e-6 + (splits > 1) * p.combine_us * 1e-6 + _strided_s(p, b, kvh) + np.zeros_like(stream)
