@@ -203,7 +203,7 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     hot = resident & (kv_read <= l2_bytes * p.l2_fraction)
     # past the packing limit the query heads of one KV head read its keys at about the same time: one read from
     # HBM, the repeats from L2
-    repeats = np.where(beyond & (p.pack_gqa > 0), kv_read * (1.0 - 1.0 / group), 0.0)
+    repeats = np.where(beyond, kv_read * (1.0 - 1.0 / group), 0.0)
     from_memory = np.where(hot, kv_read / p.l2_speedup, kv_read - repeats + repeats / p.l2_speedup)
     stream = (from_memory + b * h * (d + dv) * act_bytes) / (bandwidth * p.memory)
     latency = np.maximum(p.cta_us + p.cta_head_dim_us * d / 128.0 + p.cta_group_us * group * pack, 0.05)
