@@ -130,6 +130,11 @@ class ServingOverheads(ParamSet):
     # not fitted either: the buffers of the communicators (NCCL, the engine's custom all-reduce) a replica of more
     # than one GPU creates on each of them, inside the budget the engine measures
     group_reserve_gb: float = param(0.0, 0.0, 40.0, "per GPU of a replica of more than one GPU: its communicators, GB")
+    # The kernel fits time one release's kernels (the AIConfigurator tables'); an older release built its engines
+    # with older kernels (TensorRT-LLM 0.9 with TensorRT 9.3: NVIDIA states up to 27% more H200 performance from
+    # software alone between MLPerf v4.0 and v4.1). 1 for the shared physics by definition; a release takes its
+    # own value only where its rows demand one (serving/calibrate_overheads.py RELEASE_TERMS)
+    kernel_time: float = param(1.0, 0.5, 2.0, "this release's step kernels over the time the kernel fits give")
 
 
 @lru_cache(maxsize=1)

@@ -296,13 +296,14 @@ class Engine:
         cost = self.cost
         # the same terms as StepCost.step of `batch` decodes: with CUDA graphs and one stage, what the step costs
         # beyond its kernels does not depend on them
-        outside_attention = cost.linear(batch) + cost.logits(batch)
+        scale = cost.kernel_scale
+        outside_attention = (cost.linear(batch) + cost.logits(batch)) * scale
         overhead = cost.beyond_kernels(batch, batch, outside_attention, decode_only=True)
         # step j ends at the sum of the steps before it, each outside_attention + its attention + overhead (numpy
         # adds in the same order: the same floats)
         now, j = self.clock, 0
         while j < steps:
-            attention = cost.decode_attention_from(batch, context // batch + j, steps - j)
+            attention = cost.decode_attention_from(batch, context // batch + j, steps - j) * scale
             ends = np.add.accumulate(np.concatenate(([now], outside_attention + attention + overhead)))[1:]
             crossed = int(np.searchsorted(ends, horizon))
             if crossed < len(ends):
@@ -370,7 +371,7 @@ class Engine:
             return 0, 0.0
         ext = (first + found) * bs - hit
         transfer = found * cfg.block_bytes / cfg.host_link_bytes_per_s
-        recompute = self.cost.linear(ext) + self.cost.prefill_attention(ext, hit)
+        recompute = (self.cost.linear(ext) + self.cost.prefill_attention(ext, hit)) * self.cost.kernel_scale
         if transfer >= recompute:
             return 0, 0.0
         self.cpu.touch(s.hashes[first:first + found])

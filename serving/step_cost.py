@@ -64,6 +64,9 @@ class StepCost:
         if execution == ENGINE:
             fitted, self.overhead_origin = step_overheads(hw, engine, release)
             self.overheads = overheads or fitted
+            if self.overheads.kernel_time != 1.0:
+                self.overhead_origin += (f"; this release's kernels take {self.overheads.kernel_time:.3g}x the time "
+                                         f"the kernel fits give")
             if self.overheads.stream_us > 0:
                 self.overhead_origin += (f"; tokens streamed: {self.overheads.stream_us:g} us per running request per "
                                          f"step" if streams else "; tokens returned with each completion (no stream)")
@@ -326,8 +329,14 @@ class StepCost:
             t = self._sampled[rows] = sampling_seconds(rows, self.vocab, self.hw, self.engine)
         return t
 
+    @property
+    def kernel_scale(self) -> float:
+        """This release's kernels over the time the kernel fits give (cost/engines.py ServingOverheads.kernel_time)."""
+        return self.overheads.kernel_time
+
     def _staged(self, kernels_s: float, tokens: float) -> float:
         """A step's kernels as a pipeline runs them: at the slowest stage's pace, plus the sends between stages."""
+        kernels_s *= self.kernel_scale
         if self.par.pp == 1:
             return kernels_s
         return kernels_s * self.stage_factor + self.par.pp * self.stage_send_s(tokens)
@@ -393,7 +402,7 @@ class StepCost:
         if prefill_tokens > 0:
             attention += self.prefill_attention(chunk_tokens, chunk_context, chunks)
         kernels = self._staged(_lerp(self.linear, tokens) + self.logits(decoding * query + chunks) + attention,
-                               tokens) + draft_s
+                               tokens) + draft_s * self.kernel_scale
         verified = self._sampling(decoding * query) - self._sampling(decoding) if query > 1 and decoding > 0 else 0.0
         return kernels + verified + self.beyond_kernels(sequences, math.ceil(tokens), kernels,
                                                         decode_only=prefill_tokens <= 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from cost.engines import ENGINES
+from cost.engines import ENGINES, resolve_overheads
 from cost.estimate import BREAKDOWN_CLASSES, Estimate, Parallelism, estimate
 from cost.kernels import COMPUTE, MEMORY, OVERHEAD
 from cost.profile import HardwareProfile, load_profile
@@ -237,6 +237,17 @@ def check_work(args) -> None:
     check_plot_path(args.plot)
 
 
+def release_kernels_warning(engine: str, release: str) -> str | None:
+    """A single step prices the kernel fits' own release; an older release's steps take its kernel time
+    (cost/engines.py ServingOverheads.kernel_time), which whole requests (--output-length) pay."""
+    r = resolve_overheads(engine, release)
+    if r.params.kernel_time == 1.0:
+        return None
+    return (f"{ENGINES[engine].label} {r.release}'s steps take {r.params.kernel_time:.3g}x the kernel times shown "
+            f"(its fitted kernel_time); this single step is priced with the kernel fits' own release, "
+            f"--output-length N prices whole requests with it")
+
+
 def body(args) -> int:
     options = trace_options(args)
     check_work(args)
@@ -250,6 +261,11 @@ def body(args) -> int:
     args.speculation = drafts[0] if drafts else None
     if args.output_length is not None:
         return whole(args, spec, options)
+    if args.execution == "engine" and args.engine_release:
+        older = release_kernels_warning(args.engine, args.engine_release)
+        if older:
+            warn(older)
+            args.layout_warnings = [*args.layout_warnings, older]
     if drafts:
         return speculative_decode(args, spec, options)
     if args.sweep_prefix_cache_hit_rate is not None:
