@@ -320,13 +320,17 @@ def main(argv=None) -> int:
 
 
 def _overhead_names(text: str, rows: list[ServingMeasurement]) -> list[str]:
-    known = [f.name for f in fields(ServingOverheads)]
+    # a release's kernel time would only restate the device's kernel scaling this fit already makes
+    known = [f.name for f in fields(ServingOverheads) if f.name != "kernel_time"]
     if text == "none":
         return []
     if text == "auto":
         return list(DEFAULT_OVERHEADS) + (["gpu_sync_us"] if len({m.tp for m in rows}) > 1 else [])
     names = [n.strip() for n in text.split(",") if n.strip()]
     for n in names:
+        if n == "kernel_time":
+            raise ValueError("--overheads: kernel_time is a release's own term (python -m serving.calibrate_overheads "
+                             "--release); this fit's device kernel scaling stands for it")
         if n not in known:
             raise ValueError(f"--overheads: unknown overhead '{n}' (choose from {', '.join(known)})")
     return names

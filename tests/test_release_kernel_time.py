@@ -63,3 +63,9 @@ def test_a_single_step_of_an_older_release_says_its_kernels_are_not_applied():
     assert slow, "a release with its own kernel time (TensorRT-LLM 0.9, fitted on MLPerf v4.0's Offline rows)"
     assert "x the kernel times shown" in release_kernels_warning("trtllm", slow[0])
     assert release_kernels_warning("trtllm", "0.17") is None
+
+
+def test_a_device_fit_does_not_take_a_release_kernel_time():
+    from serving.calibrate_serving import _overhead_names
+    with pytest.raises(ValueError, match="release's own term"):
+        _overhead_names("step_us,kernel_time", [])
