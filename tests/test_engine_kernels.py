@@ -255,6 +255,10 @@ def test_a_group_too_large_to_pack_runs_a_cta_per_query_head_rereading_from_l2()
     assert np.isclose(seconds(128), 2 * seconds(64), rtol=0.1)
     unlimited = DecodeAttentionParams(l2_speedup=2.0)
     assert np.isclose(seconds(64, unlimited), seconds(32, unlimited), rtol=0.2)
+    # MLA's absorbed decode: 128 heads over one latent (K and V share its storage) run MLA's own kernel, packed
+    mla = lambda heads: float(decode_attention_time(p, 132, 3.35e12, 50e6, 16, 8191, heads, 1, 576, 512,  # noqa: E731
+                                                    kv_shares_storage=True).seconds)
+    assert mla(128) < 2 * mla(32)
 
 
 def test_tables_keep_the_query_dtype_the_engine_runs_over_an_fp8_cache(tmp_path):

@@ -96,7 +96,8 @@ class DecodeAttentionParams(ParamSet):
     block_n: int = param(128, 16, 512, "keys per split unit (kernel data)", fitted=False)
     # TensorRT-LLM's XQA decode kernel packs at most 32 query heads per KV head; a larger group runs its
     # masked-MHA kernel, a CTA per query head, re-reading the KV head's keys (every TensorRT-LLM table, A100 to
-    # GB300: flat to 32 heads over one KV head, then x14-x36 at 64 and linear in the heads)
+    # GB300: flat to 32 heads over one KV head, then x14-x36 at 64 and linear in the heads). MLA's absorbed decode
+    # (its 128 heads over one latent) runs a kernel of its own built for that group, and takes no such limit
     max_group: int = param(4096, 1, 4096, "most query heads one CTA packs per KV head (kernel data)", fitted=False)
 
 
@@ -191,7 +192,8 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     keys = np.where(w > 0, np.minimum(c + 1, w * p.window_overread), c + 1)
     group = h / kvh
-    beyond = group > p.max_group      # too many query heads to pack: a CTA per query head
+    # too many query heads to pack: a CTA per query head (not MLA's latent, whose kernel packs all of them)
+    beyond = (group > p.max_group) & ~np.asarray(kv_shares_storage, dtype=bool)
     pack = np.where(beyond, 0.0, p.pack_gqa)
     items = b * kvh * (1.0 + (group - 1.0) * (1.0 - pack))
     slots = compute_units * p.occupancy
