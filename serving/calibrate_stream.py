@@ -2,13 +2,17 @@
 step when the client takes every token as it comes) on the MLPerf Server and Interactive runs.
 
     python -m serving.calibrate_stream --engine trtllm [--data FILE ...] [--grid 0,10,20,30,40,50] [--seed 0]
-        [--fit-fraction 0.5] [--jobs 2] [--output FILE | --write]
+        [--objective both] [--fit-fraction 0.5] [--jobs 2] [--output FILE | --write]
 
 The same systems ran Offline, which does not stream and whose batches cost less per step; that difference is
-what stream_us stands for. The objective is each run's operating point, the check bench/e2e_accuracy.py reports:
-the highest request rate whose predicted p99 TTFT and TPOT stay within the scenario's limits, against the rate
-the submitter ran. Mean TTFT and TPOT at the submitter's rate are not the objective: so near capacity they move
-by tens of percent with a rate a few percent off, and a fit to them would chase the edge of stability.
+what stream_us stands for. The objective (`--objective`) is each run's operating point, as bench/e2e_accuracy.py
+checks it:
+- `rate`: the highest request rate whose predicted p99 TTFT and TPOT stay within the scenario's limits, against
+  the rate the submitter ran. The submitter's rate is a run that passed, not the highest that would have: a fit
+  to it alone places the capacity at the submitted rate, where the queue for a slot has already begun;
+- `operating-point`: the mean TTFT and TPOT at the submitter's rate. So near capacity they move by tens of
+  percent with a rate a few percent off, and a fit to them alone would chase the edge of stability;
+- `both` (default): the three errors, each metric weighted alike.
 
 Runs are split (seeded) into a fitted and a held-out share, as serving/calibrate_overheads.py splits them. Each
 run's rate is priced at every grid value and interpolated linearly between them; the fit takes the value of least
@@ -57,21 +61,45 @@ def rate_error(predictor: Predictor, run: PublishedRun, stream_us: float) -> flo
         cost.overheads = base
 
 
+def operating_point_errors(predictor: Predictor, run: PublishedRun, stream_us: float) -> dict[str, float]:
+    """Predicted over measured mean TTFT and TPOT at the submitter's rate, less 1, with this streaming cost ({}:
+    the setup is refused)."""
+    cost = predictor.cost(run)
+    base = cost.overheads
+    cost.overheads = replace(base, stream_us=stream_us)
+    try:
+        pred = predictor.predict(run)[0]
+    except (ValueError, RuntimeError):
+        return {}
+    finally:
+        cost.overheads = base
+    return {m: pred[m] / run.measured[m] - 1.0 for m in ("ttft_ms", "tpot_ms")
+            if run.measured.get(m, 0) > 0 and pred.get(m, 0) > 0}
+
+
+OBJECTIVES = {"rate": ("rate",), "operating-point": ("ttft_ms", "tpot_ms"), "both": ("rate", "ttft_ms", "tpot_ms")}
+
+
 def _priced(predictor: Predictor, job):
-    run, value = job
-    return run.id, value, rate_error(predictor, run, value)
+    run, value, metrics = job
+    errors = operating_point_errors(predictor, run, value) if set(metrics) - {"rate"} else {}
+    if "rate" in metrics and (err := rate_error(predictor, run, value)) is not None:
+        errors["rate"] = err
+    return run.id, value, errors
 
 
-def price_grid(runs: list[PublishedRun], grid: list[float], jobs: int, log) -> dict[str, dict[float, float]]:
-    """Every run's rate error at every grid value: {run id: {value: error}} (refused runs left out)."""
+def price_grid(runs: list[PublishedRun], grid: list[float], jobs: int, log,
+               metrics: tuple[str, ...] = ("rate",)) -> dict[str, dict[str, dict[float, float]]]:
+    """Every run's errors at every grid value: {metric: {run id: {value: error}}} (a run refused at any value
+    left out of that metric)."""
     with PredictorPool(Predictor(), jobs) as pool:
-        results = list(pool.apply(_priced, [(r, v) for r in runs for v in grid], chunksize=2))
-    out: dict[str, dict[float, float]] = {}
-    for run_id, value, err in results:
-        if err is not None:
-            out.setdefault(run_id, {})[value] = err
+        results = list(pool.apply(_priced, [(r, v, metrics) for r in runs for v in grid], chunksize=2))
+    out: dict[str, dict[str, dict[float, float]]] = {m: {} for m in metrics}
+    for run_id, value, errors in results:
+        for m, err in errors.items():
+            out[m].setdefault(run_id, {})[value] = err
     log(f"priced {len(runs)} runs at {len(grid)} values")
-    return {k: v for k, v in out.items() if len(v) == len(grid)}
+    return {m: {k: v for k, v in rows.items() if len(v) == len(grid)} for m, rows in out.items()}
 
 
 def interpolated(errors: dict[float, float], value: float) -> float:
@@ -82,6 +110,12 @@ def interpolated(errors: dict[float, float], value: float) -> float:
 
 def mean_loss(rows: list[dict[float, float]], value: float) -> float:
     return sum(min(abs(math.log1p(interpolated(e, value))), LOSS_CAP) for e in rows) / max(1, len(rows))
+
+
+def objective_loss(by_metric: dict[str, list[dict[float, float]]], value: float) -> float:
+    """The mean over metrics of each metric's mean capped |log error|."""
+    parts = [mean_loss(rows, value) for rows in by_metric.values() if rows]
+    return sum(parts) / len(parts) if parts else math.inf
 
 
 def summary(rows: list[dict[float, float]], value: float) -> dict:
@@ -96,6 +130,9 @@ def main(argv=None) -> int:
                    help="JSONL files of end-to-end runs (default: every file of ../shared/measurements/e2e)")
     p.add_argument("--engine", default="trtllm", choices=list(ENGINES), help="engine whose runs to fit")
     p.add_argument("--grid", default="0,10,20,30,40,50", help="stream_us values priced, us (default 0,10,20,30,40,50)")
+    p.add_argument("--objective", default="both", choices=list(OBJECTIVES),
+                   help="what the fit matches: the highest rate within the limits (rate), the mean TTFT and TPOT at "
+                        "the submitter's rate (operating-point), or all three (both, default)")
     p.add_argument("--fit-fraction", type=float, default=0.5, help="share of the runs fitted (default 0.5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fit/held-out split")
     p.add_argument("--jobs", type=int, default=1, help="processes pricing runs in parallel (default 1)")
@@ -115,25 +152,33 @@ def main(argv=None) -> int:
     if missing or not args.data:
         print(f"error: {(missing or ['--data'])[0]}: no such file", file=sys.stderr)
         return 2
+    grid = sorted(set(grid) | {0.0})     # the "without" the report states is priced, never extrapolated
     t0, log = time.time(), (lambda m: print(m, file=sys.stderr, flush=True))
     runs = streamed_limit_runs(load_published(*args.data)[0], args.engine)
     if len(runs) < 4:
         print(f"error: {len(runs)} streamed {args.engine} runs with latency limits: too few to fit", file=sys.stderr)
         return 2
     fit_runs, held_runs = split(runs, args.fit_fraction, args.seed)
-    errors = price_grid(runs, grid, args.jobs, log)
-    fit = [errors[r.id] for r in fit_runs if r.id in errors]
-    held = [errors[r.id] for r in held_runs if r.id in errors]
+    metrics = OBJECTIVES[args.objective]
+    errors = price_grid(runs, grid, args.jobs, log, metrics)
+    fit = {m: [errors[m][r.id] for r in fit_runs if r.id in errors[m]] for m in metrics}
+    held = {m: [errors[m][r.id] for r in held_runs if r.id in errors[m]] for m in metrics}
     steps = [grid[0] + (grid[-1] - grid[0]) * i / 200 for i in range(201)]
-    value = round(min(steps, key=lambda v: (mean_loss(fit, v), v)), 1)
-    result = {"stream_us": value, "fitted": summary(fit, value), "held_out": summary(held, value),
-              "held_out_without": summary(held, 0.0), "grid": grid, "seed": args.seed}
+    value = round(min(steps, key=lambda v: (objective_loss(fit, v), v)), 1)
+    result = {"stream_us": value, "objective": args.objective,
+              "fitted": {m: summary(fit[m], value) for m in metrics},
+              "held_out": {m: summary(held[m], value) for m in metrics},
+              "held_out_without": {m: summary(held[m], 0.0) for m in metrics}, "grid": grid, "seed": args.seed}
     print(json.dumps(result, indent=1))
     names = ", ".join(Path(d).name for d in args.data)
-    origin = (f"fitted by python -m serving.calibrate_stream on {len(fit)} streamed {ENGINES[args.engine].label} runs "
-              f"with latency limits of {names} (seed {args.seed}, fit fraction {args.fit_fraction:g}); "
-              f"{len(held)} held out: highest rate within the limits median |error| "
-              f"{result['held_out_without']['median_abs']:.1%} without -> {result['held_out']['median_abs']:.1%}")
+    said = {"rate": "highest rate within the limits", "ttft_ms": "mean TTFT at the submitter's rate",
+            "tpot_ms": "mean TPOT at the submitter's rate"}
+    origin = (f"fitted by python -m serving.calibrate_stream --objective {args.objective} on "
+              f"{len(next(iter(fit.values())))} streamed {ENGINES[args.engine].label} runs with latency limits of "
+              f"{names} (seed {args.seed}, fit fraction {args.fit_fraction:g}); "
+              f"{len(next(iter(held.values())))} held out, median |error| without -> with: " +
+              "; ".join(f"{said[m]} {result['held_out_without'][m].get('median_abs', float('nan')):.1%} -> "
+                        f"{result['held_out'][m].get('median_abs', float('nan')):.1%}" for m in metrics))
     target = Path(str(resources.files("cost") / "engine_serving.json")) if args.write else Path(args.output)
     data = json.loads((resources.files("cost") / "engine_serving.json").read_text()) if args.write or not target.exists() \
         else json.loads(target.read_text())

@@ -10,7 +10,8 @@ import pytest
 
 from cost.engines import resolve_overheads
 from cost.profile import load_profile
-from serving.calibrate_stream import interpolated, main as calibrate_stream, mean_loss, streamed_limit_runs
+from serving.calibrate_stream import (OBJECTIVES, interpolated, main as calibrate_stream, mean_loss, objective_loss,
+                                     streamed_limit_runs)
 from serving.published import map_row
 from serving.step_cost import StepCost
 from tracer.model_source import resolve_model
@@ -69,11 +70,24 @@ def test_interpolated_rate_errors_and_their_loss():
     assert mean_loss([errors], 20.0) == 0.0 < mean_loss([errors], 10.0)
 
 
+def test_the_objective_weighs_each_metric_alike():
+    rate = [{0.0: 0.5, 30.0: 0.0}]                 # the rate alone wants 30
+    ttft = [{0.0: 0.0, 30.0: 1.0}, {0.0: 0.0, 30.0: 1.0}]   # past the cliff at 30: TTFT wants 0
+    both = {"rate": rate, "ttft_ms": ttft}
+    assert objective_loss(both, 15.0) == pytest.approx((mean_loss(rate, 15.0) + mean_loss(ttft, 15.0)) / 2)
+    assert objective_loss({"rate": rate}, 30.0) < objective_loss({"rate": rate}, 0.0)
+    assert objective_loss({"rate": [], "ttft_ms": []}, 1.0) == float("inf")
+    assert OBJECTIVES["both"] == ("rate", "ttft_ms", "tpot_ms") and OBJECTIVES["rate"] == ("rate",)
+
+
 def test_stream_fit_refuses_bad_arguments(capsys):
     assert calibrate_stream(["--grid", "10"]) == 2
     assert calibrate_stream(["--grid", "a,b"]) == 2
     assert calibrate_stream(["--data", "/nonexistent.jsonl"]) == 2
     assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        calibrate_stream(["--objective", "median"])
+    assert e.value.code == 2
 
 
 def test_stream_fit_takes_streamed_runs_with_limits_only():
