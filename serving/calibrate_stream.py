@@ -64,15 +64,10 @@ def rate_error(predictor: Predictor, run: PublishedRun, stream_us: float) -> flo
 def operating_point_errors(predictor: Predictor, run: PublishedRun, stream_us: float) -> dict[str, float]:
     """Predicted over measured mean TTFT and TPOT at the submitter's rate, less 1, with this streaming cost ({}:
     the setup is refused)."""
-    cost = predictor.cost(run)
-    base = cost.overheads
-    cost.overheads = replace(base, stream_us=stream_us)
     try:
-        pred = predictor.predict(run)[0]
+        pred = predictor.predict(run, replace(predictor.cost(run).overheads, stream_us=stream_us))[0]
     except (ValueError, RuntimeError):
         return {}
-    finally:
-        cost.overheads = base
     return {m: pred[m] / run.measured[m] - 1.0 for m in ("ttft_ms", "tpot_ms")
             if run.measured.get(m, 0) > 0 and pred.get(m, 0) > 0}
 
