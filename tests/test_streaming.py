@@ -11,7 +11,8 @@ import pytest
 from cost.engines import resolve_overheads
 from cost.profile import load_profile
 from serving.calibrate_stream import (OBJECTIVES, interpolated, main as calibrate_stream, mean_loss, objective_loss,
-                                     streamed_limit_runs)
+                                     operating_point_errors, streamed_limit_runs)
+from serving.published import Predictor
 from serving.published import map_row
 from serving.step_cost import StepCost
 from tracer.model_source import resolve_model
@@ -78,6 +79,16 @@ def test_the_objective_weighs_each_metric_alike():
     assert objective_loss({"rate": rate}, 30.0) < objective_loss({"rate": rate}, 0.0)
     assert objective_loss({"rate": [], "ttft_ms": []}, 1.0) == float("inf")
     assert OBJECTIVES["both"] == ("rate", "ttft_ms", "tpot_ms") and OBJECTIVES["rate"] == ("rate",)
+
+
+def test_the_operating_point_errors_price_the_streaming_cost_asked_and_leave_the_fit_as_it_was():
+    server, _ = map_row(SERVER)
+    predictor = Predictor()
+    fitted = predictor.cost(server).overheads
+    none, some = operating_point_errors(predictor, server, 0.0), operating_point_errors(predictor, server, 40.0)
+    assert set(none) == set(some) == {"ttft_ms", "tpot_ms"}
+    assert some["tpot_ms"] > none["tpot_ms"]          # a response per running request per step slows each step
+    assert predictor.cost(server).overheads == fitted
 
 
 def test_stream_fit_refuses_bad_arguments(capsys):
