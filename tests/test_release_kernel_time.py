@@ -65,6 +65,19 @@ def test_a_single_step_of_an_older_release_says_its_kernels_are_not_applied():
     assert release_kernels_warning("trtllm", "0.17") is None
 
 
+def test_text_generate_warns_only_where_the_release_kernel_time_is_not_applied(capsys):
+    import json
+    from cli.inference.text_generate import main
+    step = ["llama-3.2-1b", "--device", "h100", "--engine", "trtllm==0.9", "--decode", "-b", "8", "-c", "1000", "--json"]
+    assert main(step) == 0
+    assert any("x the kernel times shown" in w for w in json.loads(capsys.readouterr().out)["warnings"])
+    # a speculative step is priced by StepCost, which applies the release's kernel time: no such warning
+    assert main(step + ["--speculative", "eagle3", "--num-speculative-tokens", "3", "--acceptance-rate", "0.7"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert not any("x the kernel times shown" in w for w in spec.get("warnings", []))
+    assert "kernels take 1.17x" in spec["origin"]["overheads"]      # and says so
+
+
 def test_a_device_fit_does_not_take_a_release_kernel_time():
     from serving.calibrate_serving import _overhead_names
     with pytest.raises(ValueError, match="release's own term"):

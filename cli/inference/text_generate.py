@@ -261,13 +261,13 @@ def body(args) -> int:
     args.speculation = drafts[0] if drafts else None
     if args.output_length is not None:
         return whole(args, spec, options)
+    if drafts:       # a speculative step is priced as serving prices it (StepCost), its release's kernels included
+        return speculative_decode(args, spec, options)
     if args.execution == "engine" and args.engine_release:
         older = release_kernels_warning(args.engine, args.engine_release)
         if older:
             warn(older)
             args.layout_warnings = [*args.layout_warnings, older]
-    if drafts:
-        return speculative_decode(args, spec, options)
     if args.sweep_prefix_cache_hit_rate is not None:
         if args.decode:
             raise ValueError("--sweep-prefix-cache-hit-rate is for prefill, not --decode")
