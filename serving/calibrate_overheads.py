@@ -224,11 +224,12 @@ def main(argv=None) -> int:
         result = {"shared": current.get("shared", result["shared"]),
                   "releases": {**current.get("releases", {}), **result["releases"]}}
         result["releases"] = dict(sorted(result["releases"].items(), key=lambda kv: release_key(kv[0])))
-    origin = (f"fitted by python -m serving.calibrate_overheads on {sum(r['fitted_rows'] for r in result['releases'].values())} "
-              f"{ENGINES[args.engine].label} rows of {names} (seed {args.seed}, fit fraction {args.fit_fraction:g}, "
-              f"demand {args.demand:g})")
     if args.release and current.get("origin"):     # the shared overheads' origin; each refitted release says so
         origin = current["origin"]
+    else:
+        origin = (f"fitted by python -m serving.calibrate_overheads on "
+                  f"{sum(r['fitted_rows'] for r in result['releases'].values())} {ENGINES[args.engine].label} rows of "
+                  f"{names} (seed {args.seed}, fit fraction {args.fit_fraction:g}, demand {args.demand:g})")
     entry = {"origin": origin, **result}
     for kept in ("reserve_source", "stream_origin"):    # terms kept as set, with where they come from
         if kept in current:
