@@ -57,7 +57,7 @@ def write_samples(args) -> int:
             groups: dict = {}
             for i, row in enumerate(t.rows):
                 if held[i]:
-                    groups.setdefault(group_key(row), []).append(i)
+                    groups.setdefault(group_key(row, args.engine), []).append(i)
             for index in groups.values():
                 for i in sorted(rng.choice(index, min(args.per_group, len(index)), replace=False)):
                     lines.append(json.dumps({**row_json(t.rows[i]), "measured_ms": round(float(t.seconds[i]) * 1e3, 6),

@@ -73,8 +73,8 @@ class FitReport:
     held_rows: int
 
 
-def _groups(table: KernelTable) -> dict[tuple, np.ndarray]:
-    return {k: np.array(v) for k, v in group_rows(table.rows).items()}
+def _groups(table: KernelTable, engine: str) -> dict[tuple, np.ndarray]:
+    return {k: np.array(v) for k, v in group_rows(table.rows, engine).items()}
 
 
 def _subset(index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -115,7 +115,7 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
             continue
         t = tables[name]
         keep = split(len(t.rows), seed, fraction)
-        for key, index in _groups(t).items():
+        for key, index in _groups(t, engine).items():
             fit_index = _subset(index[keep[index]], rng)
             if len(fit_index) < 8 or (only is not None and name not in only and f"{name}/{key[-1]}" not in only):
                 continue
@@ -142,6 +142,10 @@ def _start(key: tuple, base: EngineCalibration | None):
         return (base.gemm.get(key[1]) if base else None) or GemmParams()
     if kind == "attention":
         table = (base.prefill_attention if key[1] == "prefill" else base.decode_attention) if base else {}
+        if key[2].endswith("_mha") and key[2] not in table:
+            # an engine's multi-head decode kernel, first fitted: from its grouped-query sibling, a CTA per query head
+            plain = table.get(key[2].removesuffix("_mha")) or DecodeAttentionParams()
+            return replace(plain, max_group=1, pack_gqa=0.0)
         return table.get(key[2]) or (PrefillAttentionParams() if key[1] == "prefill" else DecodeAttentionParams())
     if kind == "moe":
         return (base.moe.get(key[1]) if base else None) or MoeParams()

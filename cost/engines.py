@@ -43,6 +43,18 @@ class Engine:
     fused_activation_quant: tuple[str, ...] = ()
     # the GPU vendors the engine builds for (its installation docs); a device of another vendor is refused
     vendors: tuple[str, ...] = ("NVIDIA", "AMD")
+    # query heads per KV head (lowest, highest) that the engine's grouped-query decode kernel serves; a decode of
+    # any other group runs its multi-head kernel, a CTA per query head, with kernel models of its own (the
+    # `<kv>_mha` decode sets). None: one decode kernel for every group
+    gqa_decode_groups: tuple[int, int] | None = None
+
+    def decode_kernel(self, group: float, kv_shares_storage: bool = False) -> str:
+        """'mha' where the engine runs a query-head group's decode on its multi-head kernel, else ''. MLA's absorbed
+        decode (one latent for every head) runs a kernel of its own built for that group."""
+        if self.gqa_decode_groups is None or kv_shares_storage:
+            return ""
+        low, high = self.gqa_decode_groups
+        return "" if low <= group <= high else "mha"
 
     def serving_defaults(self, memory_gb: float, device_name: str) -> ServingDefaults:
         big = memory_gb >= 70 and "a100" not in device_name.lower()
@@ -77,8 +89,13 @@ ENGINES: dict[str, Engine] = {
     "sglang": Engine("sglang", "SGLang", custom_allreduce_max_bytes=8 * 2**20),
     # TensorRT-LLM's FP8 checkpoints (ModelOpt) carry static activation scales: RMSNorm, SwiGLU and the attention
     # kernels write FP8 directly
+    # Its XQA decode kernel serves MQA and GQA (docs/source/blogs/XQA-kernel.md: "XQA kernel provides optimization
+    # for MQA and GQA during generation phase") and packs at most 32 query heads per KV head; one head per KV head
+    # (MHA) or more than 32 run the masked multi-head attention kernel. Every TensorRT-LLM table (A100 to GB300)
+    # shows the two: at one key, a CTA wave takes 1.3-1.5 us for groups of 1 and past 32, 4-7 us for bf16 GQA
+    # (H100), and one kernel model per KV format cannot fit both
     "trtllm": Engine("trtllm", "TensorRT-LLM", custom_allreduce_max_bytes=8 * 2**20,
-                     fused_activation_quant=("fp8",), vendors=("NVIDIA",)),
+                     fused_activation_quant=("fp8",), vendors=("NVIDIA",), gqa_decode_groups=(2, 32)),
 }
 DEFAULT_ENGINE = "vllm"
 # serving engines of vendors that none of ENGINES runs on, named when such a device is refused

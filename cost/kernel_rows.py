@@ -24,6 +24,7 @@ import numpy as np
 from .engine_kernels import (ROUTINGS, EngineCalibration, Times, allreduce_time, decode_attention_time, gemm_time,
                              host_issue_s, moe_time, nearest_curve, prefill_attention_time, quant_time, routing_stats)
 from .engine_kernels.common import soft_max
+from .engines import ENGINES
 from .profile import HardwareProfile, ProfileError
 
 GEMM_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
@@ -188,20 +189,37 @@ def gemm_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, m, n
     return Times(t.seconds + wait, t.compute_s, t.memory_s, t.fixed_s + wait)
 
 
-def attention_model(table: dict, kv_dtype: str, windowed: bool, what: str, cal: EngineCalibration):
-    """Sliding-window attention runs its own kernel instance: its fit when there is one, else the full one's."""
-    if windowed and f"{kv_dtype}_window" in table:
-        return table[f"{kv_dtype}_window"]
-    return _need(table, kv_dtype, what, cal)
+def attention_model(table: dict, kv_dtype: str, windowed: bool, what: str, cal: EngineCalibration,
+                    kernel: str = ""):
+    """Sliding-window attention runs its own kernel instance: its fit when there is one, else the full one's.
+    `kernel` 'mha': the engine's multi-head decode kernel, its own fit where the profile has one (windowed, then
+    full), else the grouped-query kernel's."""
+    names = [f"{kv_dtype}_window", kv_dtype] if windowed else [kv_dtype]
+    if kernel:
+        names = [f"{n}_{kernel}" for n in names] + names
+    for name in names[:-1]:
+        if name in table:
+            return table[name]
+    return _need(table, names[-1], what, cal)
+
+
+def decode_kernel_key(kv_key: str, engine: str | None, group: float, kv_shares_storage: bool = False) -> str:
+    """The decode set that prices a KV format's call of `group` query heads per KV head on `engine`."""
+    kernel = ENGINES[engine].decode_kernel(group, kv_shares_storage) if engine in ENGINES else ""
+    return f"{kv_key}_{kernel}" if kernel else kv_key
 
 
 def attention_rows_time(cal: EngineCalibration, hw: HardwareProfile, phase: str, kv_key: str, batch, query, context,
                         heads, kv_heads, head_dim, window, cold, params=None) -> Times:
+    """`kv_key`: the KV format, `_window` for sliding-window rows, `_mha` for an engine's multi-head decode kernel."""
+    kernel = "mha" if kv_key.endswith("_mha") else ""
+    kv_key = kv_key.removesuffix("_mha")
     kv_dtype = kv_key.removesuffix("_window")
     kv_bytes = 1.0 if kv_dtype == "fp8" else 2.0
     windowed = kv_key.endswith("_window")
     if phase == "decode":
-        p = params or attention_model(cal.decode_attention, kv_dtype, windowed, "decode attention KV format", cal)
+        p = params or attention_model(cal.decode_attention, kv_dtype, windowed, "decode attention KV format", cal,
+                                      kernel)
         return decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, batch, context, heads, kv_heads,
                                      head_dim, window=window, kv_bytes=kv_bytes, resident=~np.asarray(cold, bool))
     p = params or attention_model(cal.prefill_attention, kv_dtype, windowed, "prefill attention KV format", cal)
@@ -230,12 +248,15 @@ def allreduce_rows_time(cal: EngineCalibration, impl: str, gpus: int, nbytes, cu
     return allreduce_time(curve, nbytes, gpus)
 
 
-def group_key(row) -> tuple:
-    """Rows priced together share one kernel model (and one fit)."""
+def group_key(row, engine: str | None = None) -> tuple:
+    """Rows priced together share one kernel model (and one fit); `engine` picks its decode kernel by group."""
     if isinstance(row, GemmRow):
         return ("gemm", row.dtype)
     if isinstance(row, AttentionRow):
-        return ("attention", row.phase, row.kv_dtype + ("_window" if row.window else ""))
+        kv_key = row.kv_dtype + ("_window" if row.window else "")
+        if row.phase == "decode":
+            kv_key = decode_kernel_key(kv_key, engine, row.heads / row.kv_heads)
+        return ("attention", row.phase, kv_key)
     if isinstance(row, MoeRow):
         return ("moe", row.dtype)
     return ("allreduce", row.impl, row.gpus)
@@ -256,11 +277,11 @@ def price_group(cal: EngineCalibration, hw: HardwareProfile, key: tuple, rows: l
     return allreduce_rows_time(cal, key[1], key[2], _columns(rows, "bytes")[0], params)
 
 
-def group_rows(rows: list) -> dict[tuple, list[int]]:
+def group_rows(rows: list, engine: str | None = None) -> dict[tuple, list[int]]:
     """Row indices by the kernel model that prices them (`group_key`), in first-seen order."""
     groups: dict[tuple, list[int]] = {}
     for i, row in enumerate(rows):
-        groups.setdefault(group_key(row), []).append(i)
+        groups.setdefault(group_key(row, engine), []).append(i)
     return groups
 
 
@@ -270,7 +291,7 @@ def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.nd
     device lacks the format's matrix type."""
     from .op_formats import run_format
     seconds = np.zeros(len(rows))
-    for key, index in group_rows(rows).items():
+    for key, index in group_rows(rows, cal.engine).items():
         if key[0] not in ("gemm", "moe"):
             seconds[index] = price_group(cal, hw, key, [rows[i] for i in index]).seconds
             continue

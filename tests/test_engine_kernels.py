@@ -32,7 +32,8 @@ def _sample(system, engine="vllm"):
 
 
 @pytest.mark.parametrize("system, engine", [(s, "vllm") for s in sorted(CALIBRATED)]
-                         + [(s, "sglang") for s in ("a100_sxm", "h100_sxm", "h200_sxm", "l40s")])
+                         + [(s, "sglang") for s in ("a100_sxm", "h100_sxm", "h200_sxm", "l40s")]
+                         + [(s, "trtllm") for s in ("a100_sxm", "h100_sxm", "h200_sxm")])
 def test_bundled_calibration_predicts_held_out_table_rows(system, engine):
     hw = load_profile(CALIBRATED[system])
     cal = hw.engine(engine)
@@ -235,6 +236,61 @@ def test_tables_keep_the_backend_a_default_launch_runs_for_each_head_dim(tmp_pat
     # vLLM's collector states no backend order: every row stays
     (tmp_path / "b300_sxm" / "attention" / "sglang").rename(tmp_path / "b300_sxm" / "attention" / "vllm")
     assert len(load_tables(str(tmp_path), "b300_sxm", "vllm")["prefill_attention"].rows) == 6
+
+
+def test_trtllm_decodes_mha_and_large_groups_on_its_multi_head_kernel_with_a_fit_of_its_own():
+    """TensorRT-LLM's XQA kernel serves groups of 2 to 32 query heads per KV head; MHA (one) and larger groups run
+    its masked multi-head kernel: rows and a model step pick the `<kv>_mha` set, other engines never do."""
+    from cost.engines import ENGINES
+    from cost.kernel_rows import AttentionRow, group_key
+    trt, vllm = ENGINES["trtllm"], ENGINES["vllm"]
+    assert [trt.decode_kernel(g) for g in (1, 2, 8, 32, 64)] == ["mha", "", "", "", "mha"]
+    assert trt.decode_kernel(128, kv_shares_storage=True) == ""     # MLA's absorbed decode: a kernel of its own
+    assert all(vllm.decode_kernel(g) == "" for g in (1, 8, 64))
+
+    def row(heads, kv_heads, window=0, kv="bf16"):
+        return AttentionRow("decode", 16, 1, 4096, heads, kv_heads, 128, window, kv)
+    assert group_key(row(32, 32), "trtllm") == ("attention", "decode", "bf16_mha")
+    assert group_key(row(32, 8, kv="fp8"), "trtllm") == ("attention", "decode", "fp8")
+    assert group_key(row(64, 1, window=1024), "trtllm") == ("attention", "decode", "bf16_window_mha")
+    assert group_key(row(32, 32), "vllm") == ("attention", "decode", "bf16")
+    assert group_key(AttentionRow("prefill", 1, 512, 0, 32, 32, 128), "trtllm") == ("attention", "prefill", "bf16")
+
+    hw = load_profile("h100")
+    cal = hw.engine("trtllm")
+    mha, gqa = cal.decode_attention["bf16_mha"], cal.decode_attention["bf16"]
+    assert mha.max_group == 1 and gqa.max_group == 32 and mha != gqa
+    got = price_rows(cal, hw, [row(32, 32), row(32, 8)])
+    want = [float(decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, 16, 4096, h, kvh, 128,
+                                        resident=True).seconds) for p, h, kvh in ((mha, 32, 32), (gqa, 32, 8))]
+    assert np.allclose(got, want)
+    # a calibration without a multi-head set prices those rows on the grouped-query one, as before it existed
+    plain = replace(cal, decode_attention={k: v for k, v in cal.decode_attention.items() if not k.endswith("_mha")})
+    assert np.isclose(price_rows(plain, hw, [row(32, 32)])[0],
+                      float(decode_attention_time(gqa, hw.compute_units, hw.bandwidth, hw.l2_bytes, 16, 4096, 32, 32,
+                                                  128, resident=True).seconds))
+    from cost.engine_kernels import parse_calibration
+    with pytest.raises(ValueError, match="unknown key 'bf16_xqa'"):
+        parse_calibration("trtllm", {"decode_attention": {"bf16_xqa": {}}}, "engines.trtllm")
+
+
+@pytest.mark.parametrize("system, profile", [("h100_sxm", "h100"), ("h200_sxm", "h200"), ("a100_sxm", "a100"),
+                                             ("l40s", "l40s"), ("rtx_pro_6000_server", "rtxpro6000")])
+def test_trtllm_multi_head_decode_rows_need_their_own_kernel_model(system, profile):
+    """Held-out TensorRT-LLM decode rows of one or more than 32 query heads per KV head: their own sets predict
+    them; the grouped-query (XQA) set, fitted on the other groups, does not (on Blackwell the two kernels are
+    closer: GB200's held-out p90 27% against 39%)."""
+    from cost.engines import ENGINES
+    rows, measured = _sample(system, "trtllm")
+    mha = [i for i, r in enumerate(rows) if getattr(r, "phase", "") == "decode"
+           and ENGINES["trtllm"].decode_kernel(r.heads / r.kv_heads) == "mha"]
+    assert len(mha) >= 6
+    hw = load_profile(profile)
+    cal = hw.engine("trtllm")
+    xqa_only = replace(cal, decode_attention={k: v for k, v in cal.decode_attention.items() if not k.endswith("_mha")})
+    own, other = (np.abs(price_rows(c, hw, [rows[i] for i in mha]) / measured[mha] - 1.0) for c in (cal, xqa_only))
+    assert np.median(own) < 0.2 and np.median(own) < np.median(other), (np.median(own), np.median(other))
+    assert np.percentile(own, 90) < 0.6 and np.percentile(other, 90) > 1.5 * np.percentile(own, 90)
 
 
 def test_a_group_too_large_to_pack_runs_a_cta_per_query_head_rereading_from_l2():

@@ -12,6 +12,9 @@ from .stream import StreamParams
 
 GEMM_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4")
 KV_FORMATS = ("bf16", "fp8", "bf16_window", "fp8_window")   # sliding-window attention: its own kernel instance
+# decode sets: per KV format, and for engines with a multi-head decode kernel beside the grouped-query one
+# (cost/engines.py Engine.gqa_decode_groups) its own set, `<kv>_mha`
+DECODE_KERNELS = KV_FORMATS + tuple(f"{k}_mha" for k in KV_FORMATS)
 MOE_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4", "int4")
 SECTIONS = ("gemm", "quant", "elementwise", "prefill_attention", "decode_attention", "moe", "allreduce")
 
@@ -112,6 +115,6 @@ def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
         quant=optional("quant", StreamParams), elementwise=optional("elementwise", StreamParams),
         prefill_attention=_keyed(data.get("prefill_attention", {}), f"{where}.prefill_attention", KV_FORMATS,
                                  PrefillAttentionParams),
-        decode_attention=_keyed(data.get("decode_attention", {}), f"{where}.decode_attention", KV_FORMATS,
+        decode_attention=_keyed(data.get("decode_attention", {}), f"{where}.decode_attention", DECODE_KERNELS,
                                 DecodeAttentionParams),
         moe=_keyed(data.get("moe", {}), f"{where}.moe", MOE_FORMATS, MoeParams), allreduce=allreduce)
