@@ -309,6 +309,9 @@ def main(argv=None) -> int:
                    help="with --kernel-db: refit only these tables (gemm, prefill_attention, decode_attention, moe, "
                         "custom_allreduce, nccl, quant) or one format of one (moe/bf16), keeping the profile's "
                         "other fits")
+    p.add_argument("--start-from", default=None, metavar="PROFILE",
+                   help="with --kernel-db: also start each fit from this profile's fit of the same engine (a "
+                        "sibling device); the best of the starts wins")
     p.add_argument("--output", default=None, help="where to write the calibrated profile (default: a new file "
                                                   "calibrated-PROFILE-SECTION.json)")
     p.add_argument("--write-profile", action="store_true",

@@ -83,9 +83,12 @@ def _subset(index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, origin: str, seed: int = 0,
               fraction: float = 0.5, base: EngineCalibration | None = None, progress=None,
-              only: set[str] | None = None, release: str | None = None) -> EngineCalibration:
+              only: set[str] | None = None, release: str | None = None,
+              sibling: EngineCalibration | None = None) -> EngineCalibration:
     """Fit every kernel model the tables cover (or the tables named in `only`, keeping `base` for the rest);
-    `base` also supplies starting points and the sections no table covers."""
+    `base` also supplies starting points and the sections no table covers. `sibling`: another device's fit of
+    the same engine, one more start for every model (the best fit wins): a fit can settle in a local minimum
+    its own previous fit and the defaults both lead to."""
     rng = np.random.default_rng(seed + 1)
     collector = COLLECTORS.get(engine, Collector())
     cal = EngineCalibration(engine=engine, origin=origin, release=release)
@@ -128,8 +131,11 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
                 floor = float(np.percentile(t.seconds[fit_index], 10)) * 1e6
                 start = start if start.host_us > 0.0 else fresh
                 start, fresh = (replace(s, host_us=s.host_us or floor) for s in (start, fresh))
+            restarts = [fresh] if fresh != start else []
+            if sibling is not None and (other := _start(key, sibling)) not in (start, fresh):
+                restarts.append(other)
             params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
-                                       t.seconds[fit_index], restarts=() if fresh == start else (fresh,))
+                                       t.seconds[fit_index], restarts=tuple(restarts))
             _store(sections, key, params)
             say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
     return replace(cal, gemm=sections["gemm"], prefill_attention=sections["prefill_attention"],
@@ -219,6 +225,12 @@ def run_engine(args) -> int:
     if profile is None:
         raise ValueError(f"no bundled profile for system '{args.system}': name one with --profile")
     hw = load_profile(profile)
+    sibling = None
+    if getattr(args, "start_from", None):
+        sibling = load_profile(args.start_from).engine(args.engine)
+        if not sibling.origin.startswith("fitted"):
+            raise ValueError(f"--start-from {args.start_from}: its {args.engine} kernel models are not fitted "
+                             f"({sibling.origin})")
     tables = load_tables(args.kernel_db, args.system, args.engine)
     versions = sorted({t.source.split("/")[-2] for t in tables.values() if "/nccl/" not in t.source})
     rows = sum(len(t.rows) for t in tables.values())
@@ -235,7 +247,7 @@ def run_engine(args) -> int:
                          f"{args.engine}")
     cal = calibrate(tables, hw, args.engine, origin, args.seed, args.fit_fraction, base=current,
                     progress=lambda m: print(f"fitted {m}", file=sys.stderr, flush=True), only=only,
-                    release="/".join(versions))
+                    release="/".join(versions), sibling=sibling)
     if args.dry_run:
         print(dumps_strict(cal.to_json(), indent=1))
         return 0
