@@ -12,8 +12,10 @@ ROWS is a file (or - for stdin) with one JSON object per line; each is written b
     {"op":"allreduce","bytes":..,"gpus":..,"impl":"nccl|custom"}
 
 Each timed region is what the published kernel tables time (cost/kernel_rows.py says exactly what). Each row
-also gets "carried_over" and "kernels_fitted_on": whether the device's kernel models were fitted on its own tables,
-and on which device's they were; a carried-over device is named first on stderr.
+also gets "kernel_model", the profile's fitted model that priced it (decode_attention.bf16_mha: TensorRT-LLM's
+multi-head decode kernel; gemm.bf16 (weight-only): an fp8 GEMM on a GPU without fp8), and "carried_over" and
+"kernels_fitted_on": whether the device's kernel models were fitted on its own tables, and on which device's they
+were; a carried-over device is named first on stderr.
 A bad row stops with an error naming its line number; nothing is written for it.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 from tracer.cli_io import dumps_strict, json_lines, quiet_broken_pipe
 
 from .engines import DEFAULT_ENGINE, ENGINES
-from .kernel_rows import RowError, parse_row, price_rows
+from .kernel_rows import RowError, parse_row, price_rows_traced
 from .profile import ProfileError, load_profile
 from .provenance import kernel_origin
 
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
         else:
             with open(args.jsonl, encoding="utf-8") as f:
                 objects, rows = read_rows(f)
-        seconds = price_rows(cal, hw, rows) if rows else []
+        seconds, models = price_rows_traced(cal, hw, rows) if rows else ([], [])
     except (RowError, ProfileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -68,9 +70,9 @@ def main(argv=None) -> int:
     origin = kernel_origin(hw, args.engine)
     if origin.headline():     # said first, before any number
         print(origin.headline(), file=sys.stderr)
-    for obj, s in zip(objects, seconds):
-        print(dumps_strict({**obj, "ms": round(float(s) * 1e3, 6), "carried_over": origin.carried_over,
-                            "kernels_fitted_on": origin.fitted_on}))
+    for obj, s, model in zip(objects, seconds, models):
+        print(dumps_strict({**obj, "ms": round(float(s) * 1e3, 6), "kernel_model": model,
+                            "carried_over": origin.carried_over, "kernels_fitted_on": origin.fitted_on}))
     print(f"{len(rows)} rows priced with {ENGINES[args.engine].label} kernels on {hw.name} ({cal.origin})",
           file=sys.stderr)
     return 0

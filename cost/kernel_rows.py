@@ -189,18 +189,19 @@ def gemm_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, m, n
     return Times(t.seconds + wait, t.compute_s, t.memory_s, t.fixed_s + wait)
 
 
-def attention_model(table: dict, kv_dtype: str, windowed: bool, what: str, cal: EngineCalibration,
-                    kernel: str = ""):
+def attention_model_key(table: dict, kv_dtype: str, windowed: bool, kernel: str = "") -> str:
     """Sliding-window attention runs its own kernel instance: its fit when there is one, else the full one's.
     `kernel` 'mha': the engine's multi-head decode kernel, its own fit where the profile has one (windowed, then
     full), else the grouped-query kernel's."""
     names = [f"{kv_dtype}_window", kv_dtype] if windowed else [kv_dtype]
     if kernel:
         names = [f"{n}_{kernel}" for n in names] + names
-    for name in names[:-1]:
-        if name in table:
-            return table[name]
-    return _need(table, names[-1], what, cal)
+    return next((name for name in names[:-1] if name in table), names[-1])
+
+
+def attention_model(table: dict, kv_dtype: str, windowed: bool, what: str, cal: EngineCalibration,
+                    kernel: str = ""):
+    return _need(table, attention_model_key(table, kv_dtype, windowed, kernel), what, cal)
 
 
 def decode_kernel_key(kv_key: str, engine: str | None, group: float, kv_shares_storage: bool = False) -> str:
@@ -289,11 +290,19 @@ def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.nd
     """Seconds per row, in row order; rows of one kernel model are priced in one vectorized call. A GEMM or MoE
     row runs in the format the engine runs it in (cost/op_formats.py): its role's rule, or weight-only where the
     device lacks the format's matrix type."""
+    return price_rows_traced(cal, hw, rows)[0]
+
+
+def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> tuple[np.ndarray, list[str]]:
+    """price_rows, and per row the profile's fitted model that priced it ("decode_attention.bf16_mha",
+    "gemm.fp8 (weight-only)", "allreduce.nccl x8")."""
     from .op_formats import run_format
-    seconds = np.zeros(len(rows))
+    seconds, models = np.zeros(len(rows)), [""] * len(rows)
     for key, index in group_rows(rows, cal.engine).items():
         if key[0] not in ("gemm", "moe"):
             seconds[index] = price_group(cal, hw, key, [rows[i] for i in index]).seconds
+            for i in index:
+                models[i] = _model_name(cal, key)
             continue
         by_role: dict[str, list[int]] = {}
         for i in index:
@@ -303,7 +312,21 @@ def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.nd
                            moe_models=tuple(cal.moe))
             seconds[part] = price_group(cal, hw, (key[0], f.kernel), [rows[i] for i in part],
                                         weight_bytes=f.weight_bytes).seconds
-    return seconds
+            weight_only = f.weight_bytes is not None and f.weight_bytes != WEIGHT_FORMATS[f.kernel][0]
+            for i in part:
+                models[i] = f"{key[0]}.{f.kernel}" + (" (weight-only)" if weight_only else "")
+    return seconds, models
+
+
+def _model_name(cal: EngineCalibration, key: tuple) -> str:
+    if key[0] == "attention":
+        kernel = "mha" if key[2].endswith("_mha") else ""
+        kv_key = key[2].removesuffix("_mha")
+        table = cal.decode_attention if key[1] == "decode" else cal.prefill_attention
+        name = attention_model_key(table, kv_key.removesuffix("_window"), kv_key.endswith("_window"), kernel)
+        return f"{key[1]}_attention.{name}"
+    _, gpus = nearest_curve(cal.allreduce.get(key[1], {}), key[2]) if cal.allreduce.get(key[1]) else (None, key[2])
+    return f"allreduce.{key[1]} x{gpus}"
 
 
 CHECKPOINT_FORMAT = {"nvfp4": "fp4"}   # a row's kernel name -> the checkpoint format (tracer/dtypes.py) it stores

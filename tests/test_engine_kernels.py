@@ -87,6 +87,15 @@ def test_kernel_cli_adds_ms_to_each_row_and_names_bad_lines(tmp_path, capsys, mo
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [o["op"] for o in out] == ["gemm", "attention", "moe", "allreduce"]
     assert out[0]["id"] == "a" and all(0 < o["ms"] < 10 for o in out)
+    assert [o["kernel_model"] for o in out] == ["gemm.bf16", "decode_attention.bf16", "moe.bf16", "allreduce.nccl x8"]
+    # each row names the fitted model that priced it: TensorRT-LLM's MHA decode, an fp8 GEMM weight-only on A100
+    rows.write_text('{"op":"attention","phase":"decode","batch":8,"query":1,"context":4095,"heads":32,'
+                    '"kv_heads":32,"head_dim":128}\n{"op":"gemm","m":16,"n":4096,"k":4096,"dtype":"fp8"}\n')
+    assert kernel_main(["--device", "h100", "--engine", "trtllm", "--jsonl", str(rows)]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["kernel_model"] == "decode_attention.bf16_mha"
+    assert kernel_main(["--device", "a100", "--jsonl", str(rows)]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["kernel_model"] for o in out] == ["decode_attention.bf16", "gemm.bf16 (weight-only)"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"op":"gemm","m":16,"n":4096,"k":4096}\n{"op":"gemm","m":16,"n":-1,"k":4096}\n')
     assert kernel_main(["--device", "h100", "--jsonl", str(bad)]) == 2
