@@ -337,6 +337,23 @@ def test_trtllm_multi_head_decode_rows_need_their_own_kernel_model(system, profi
     assert np.percentile(own, 90) < 0.6 and np.percentile(other, 90) > 1.5 * np.percentile(own, 90)
 
 
+def test_a_decode_kernel_instance_per_head_dim_scales_its_time():
+    """Decode kernels are compiled per head dim (FlashAttention-3's head-dim-192 instance on Hopper runs 1.4-2.6x
+    the model's time in SGLang's tables): the factor scales waves and streaming, never the fixed cost, and is
+    interpolated in log2(head dim); at the default 1 every head dim is priced as before."""
+    base = DecodeAttentionParams()
+    slow192 = replace(base, head_dim_192=2.0)
+
+    def t(p, d):
+        return decode_attention_time(p, 132, 3.35e12, 50e6, 16, 4095, 32, 8, d)
+    for d in (64, 128, 256):
+        assert np.isclose(float(t(slow192, d).seconds), float(t(base, d).seconds))
+    a, b = t(base, 192), t(slow192, 192)
+    assert np.isclose(float(b.seconds - b.fixed_s), 2 * float(a.seconds - a.fixed_s))
+    between = t(slow192, 160)      # between the 128 and 192 instances
+    assert float(t(base, 160).seconds) < float(between.seconds) < float(b.seconds) * 160 / 192 * 2
+
+
 def test_a_group_too_large_to_pack_runs_a_cta_per_query_head_rereading_from_l2():
     """Up to max_group query heads over one KV head share its CTA (flat in the heads); past it each query head
     reads the keys again, once from HBM and the repeats from L2."""

@@ -93,6 +93,13 @@ class DecodeAttentionParams(ParamSet):
     l2_speedup: float = param(2.0, 1.0, 8.0, "bandwidth of an L2-resident KV cache (benchmarks) over HBM")
     l2_fraction: float = param(0.8, 0.05, 1.0, "share of L2 a resident KV cache may fill")
     window_overread: float = param(1.1, 1.0, 3.0, "keys read per key of a sliding window (page edges, splits)")
+    # decode kernels are compiled per head dim, as prefill's: an instance's time (CTA waves and streaming alike)
+    # relative to the model's, interpolated in log2(head dim) between the compiled ones (1: no instance differs)
+    head_dim_64: float = param(1.0, 0.2, 5.0, "time of the head-dim-64 kernel instance relative to the model's")
+    head_dim_192: float = param(1.0, 0.2, 5.0, "time of the head-dim-192 kernel instance relative to the model's")
+    head_dim_256: float = param(1.0, 0.2, 5.0, "time of the head-dim-256 kernel instance relative to the model's")
+    head_dim_512: float = param(1.0, 0.2, 5.0, "time of the head-dim-512 (and above) instance relative to the "
+                                "model's")
     block_n: int = param(128, 16, 512, "keys per split unit (kernel data)", fitted=False)
     # TensorRT-LLM's XQA decode kernel packs at most 32 query heads per KV head; a larger group runs its
     # masked-MHA kernel, a CTA per query head, re-reading the KV head's keys (every TensorRT-LLM table, A100 to
@@ -212,4 +219,6 @@ def decode_attention_time(p: DecodeAttentionParams, compute_units: int, bandwidt
     cta = latency * 1e-6 + np.ceil(keys / splits) * key_bytes / (p.unit_bandwidth_gbps * 1e9)
     waves = np.ceil(items * splits / slots) * cta
     fixed = p.fixed_us * 1e-6 + (splits > 1) * p.combine_us * 1e-6 + _strided_s(p, b, kvh) + np.zeros_like(stream)
-    return Times(fixed + soft_max(waves, stream, p.smoothness), waves, stream, fixed)
+    instance = np.interp(np.log2(np.maximum(d, 1.0)), np.log2([64.0, 128.0, 192.0, 256.0, 512.0]),
+                         [p.head_dim_64, 1.0, p.head_dim_192, p.head_dim_256, p.head_dim_512])
+    return Times(fixed + instance * soft_max(waves, stream, p.smoothness), waves, stream, fixed)
