@@ -210,14 +210,18 @@ def decode_kernel_key(kv_key: str, engine: str | None, group: float, kv_shares_s
     return f"{kv_key}_{kernel}" if kernel else kv_key
 
 
+def _kv_key_parts(kv_key: str) -> tuple[str, bool, str]:
+    """A group's KV key (`fp8_window_mha`) as (KV format, sliding window, decode kernel)."""
+    kernel = "mha" if kv_key.endswith("_mha") else ""
+    kv_key = kv_key.removesuffix("_mha")
+    return kv_key.removesuffix("_window"), kv_key.endswith("_window"), kernel
+
+
 def attention_rows_time(cal: EngineCalibration, hw: HardwareProfile, phase: str, kv_key: str, batch, query, context,
                         heads, kv_heads, head_dim, window, cold, params=None) -> Times:
     """`kv_key`: the KV format, `_window` for sliding-window rows, `_mha` for an engine's multi-head decode kernel."""
-    kernel = "mha" if kv_key.endswith("_mha") else ""
-    kv_key = kv_key.removesuffix("_mha")
-    kv_dtype = kv_key.removesuffix("_window")
+    kv_dtype, windowed, kernel = _kv_key_parts(kv_key)
     kv_bytes = 1.0 if kv_dtype == "fp8" else 2.0
-    windowed = kv_key.endswith("_window")
     if phase == "decode":
         p = params or attention_model(cal.decode_attention, kv_dtype, windowed, "decode attention KV format", cal,
                                       kernel)
@@ -296,13 +300,14 @@ def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.nd
 def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> tuple[np.ndarray, list[str]]:
     """price_rows, and per row the profile's fitted model that priced it ("decode_attention.bf16_mha",
     "gemm.fp8 (weight-only)", "allreduce.nccl x8")."""
-    from .op_formats import run_format
+    from .op_formats import WEIGHT_ONLY, run_format
     seconds, models = np.zeros(len(rows)), [""] * len(rows)
     for key, index in group_rows(rows, cal.engine).items():
         if key[0] not in ("gemm", "moe"):
             seconds[index] = price_group(cal, hw, key, [rows[i] for i in index]).seconds
+            name = _model_name(cal, key)
             for i in index:
-                models[i] = _model_name(cal, key)
+                models[i] = name
             continue
         by_role: dict[str, list[int]] = {}
         for i in index:
@@ -312,20 +317,18 @@ def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -
                            moe_models=tuple(cal.moe))
             seconds[part] = price_group(cal, hw, (key[0], f.kernel), [rows[i] for i in part],
                                         weight_bytes=f.weight_bytes).seconds
-            weight_only = f.weight_bytes is not None and f.weight_bytes != WEIGHT_FORMATS[f.kernel][0]
+            name = f"{key[0]}.{f.kernel}" + (f" ({WEIGHT_ONLY})" if f.how == WEIGHT_ONLY else "")
             for i in part:
-                models[i] = f"{key[0]}.{f.kernel}" + (" (weight-only)" if weight_only else "")
+                models[i] = name
     return seconds, models
 
 
 def _model_name(cal: EngineCalibration, key: tuple) -> str:
+    """The fitted model of a group already priced (so its section and implementation exist)."""
     if key[0] == "attention":
-        kernel = "mha" if key[2].endswith("_mha") else ""
-        kv_key = key[2].removesuffix("_mha")
         table = cal.decode_attention if key[1] == "decode" else cal.prefill_attention
-        name = attention_model_key(table, kv_key.removesuffix("_window"), kv_key.endswith("_window"), kernel)
-        return f"{key[1]}_attention.{name}"
-    _, gpus = nearest_curve(cal.allreduce.get(key[1], {}), key[2]) if cal.allreduce.get(key[1]) else (None, key[2])
+        return f"{key[1]}_attention.{attention_model_key(table, *_kv_key_parts(key[2]))}"
+    _, gpus = nearest_curve(cal.allreduce[key[1]], key[2])
     return f"allreduce.{key[1]} x{gpus}"
 
 
