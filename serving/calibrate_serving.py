@@ -111,7 +111,7 @@ class ServingModel:
         # `vllm bench serve` runs come through the HTTP server; the offline scripts and MLPerf harnesses do not
         through_server = m.format == "vllm_serve" or m.settings.api_server
         frontend_s = cost.overheads.frontend_ms * 1e-3 / max(1, m.settings.api_servers) if through_server else 0.0
-        lengths = bundled(m.lengths).scaled(osl) if m.lengths else None
+        lengths = bundled(m.lengths).scaled(osl, isl) if m.lengths else None
         state = solve(cost.steady, isl, osl, 0, load, limits, cost.overheads.request_ms * 1e-3,
                       frontend_s=frontend_s, lengths=lengths, tokens_per_step=cost.tokens_per_step)
         return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,

@@ -96,13 +96,16 @@ class LengthDistribution:
         rng.shuffle(order)
         return [order[k % len(order)] for k in range(n)]
 
-    def scaled(self, output_mean: float) -> LengthDistribution:
+    def scaled(self, output_mean: float, input_mean: float | None = None) -> LengthDistribution:
         """The same shape with outputs stretched to `output_mean` (a run whose model writes longer answers than
-        the dataset's references: MLPerf Llama-2-70B runs average 291 output tokens, its reference outputs 219)."""
+        the dataset's references: MLPerf Llama-2-70B runs average 291 output tokens, its reference outputs 219),
+        and prompts to `input_mean` where given (a run whose tokenizer counts the same prompts otherwise)."""
         f = output_mean / self.mean_output
-        pairs = tuple((i, max(1, round(o * f))) for i, o in self.pairs)
-        maxima = None if self.maxima is None else (self.maxima[0], max(1, round(self.maxima[1] * f)))
-        return LengthDistribution(f"{self.source}, outputs x{f:.3g}", self.requests, pairs, self.summarised, maxima)
+        g = 1.0 if input_mean is None else input_mean / self.mean_input
+        pairs = tuple((max(1, round(i * g)), max(1, round(o * f))) for i, o in self.pairs)
+        maxima = None if self.maxima is None else (max(1, round(self.maxima[0] * g)), max(1, round(self.maxima[1] * f)))
+        how = f"outputs x{f:.3g}" + (f", prompts x{g:.3g}" if abs(g - 1) > 5e-4 else "")
+        return LengthDistribution(f"{self.source}, {how}", self.requests, pairs, self.summarised, maxima)
 
     def describe(self) -> str:
         i, o = self.inputs(), self.outputs()
@@ -133,8 +136,14 @@ def bundled_sets() -> dict:
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
+@lru_cache(maxsize=None)
 def bundled(name: str) -> LengthDistribution:
+    """A bundled set: every request of its pairs file, or the product of its input and output quantiles."""
     entry = bundled_sets()[name]
+    if "pairs_file" in entry:
+        with resources.as_file(resources.files("serving") / "data" / entry["pairs_file"]) as path:
+            every = read_lengths(str(path))
+        return LengthDistribution(f"{name} ({entry['file']})", every.requests, every.pairs)
     pairs = tuple((i, o) for i in entry["input"]["quantiles"] for o in entry["output"]["quantiles"])
     return LengthDistribution(f"{name} ({entry['file']})", entry["requests"], pairs, True,
                               (entry["input"]["max"], entry["output"]["max"]))

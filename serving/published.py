@@ -155,9 +155,11 @@ def _declares_quantization(model: str) -> bool:
     return bool(config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config"))
 
 
-# the datasets whose per-request lengths tracecost bundles (serving/data/length_sets.json); outputs are scaled
-# to the run's own mean (the summaries hold the dataset's reference outputs, the runs generate their own)
-DATASET_LENGTHS = {"MLPerf llama2-70b": "mlperf-llama2-70b", "MLPerf mixtral-8x7b": "mlperf-mixtral-8x7b"}
+# the datasets whose per-request lengths tracecost bundles (serving/data/length_sets.json); outputs and prompts are
+# scaled to the run's own means (the sets hold the dataset's reference outputs, the runs generate their own; a
+# run's tokenizer counts the same prompts its own way)
+DATASET_LENGTHS = {"MLPerf llama2-70b": "mlperf-llama2-70b", "MLPerf mixtral-8x7b": "mlperf-mixtral-8x7b",
+                   "ShareGPT": "sharegpt-vllm-bench"}
 _MLPERF_LIMITS = {  # scenario p99 limits (ms) by benchmark, from MLPerf Inference's rules
     ("llama-2-70b", "Server"): {"ttft_ms": 2000.0, "tpot_ms": 200.0},
     ("llama-2-70b", "Interactive"): {"ttft_ms": 450.0, "tpot_ms": 40.0},
@@ -375,7 +377,7 @@ class Predictor:
         if overheads is not None:
             cost.overheads = overheads
         try:
-            lengths = bundled(run.lengths).scaled(run.osl) if run.lengths else None
+            lengths = bundled(run.lengths).scaled(run.osl, run.isl) if run.lengths else None
             limits = self.limits(run, cost)
             need = run.isl + limits.output_kv_share * run.osl
             if limits.kv_tokens < need:     # a setup that serves nothing is refused, not priced as ~0 tokens/s
