@@ -27,6 +27,10 @@ class ServingDefaults:
     chunked_prefill: bool        # long prompts are split over steps within max_batched_tokens
     cache_block_tokens: int = 1  # prefix-cache hits count in whole KV blocks of this many tokens
     activations_in_budget: bool = True   # the step's activations come out of memory_fraction (else beyond it)
+    # a step with prompts to prefill runs them alone and the decoding requests wait through it (SGLang's scheduler:
+    # a new prefill batch goes first, decodes run in the steps between; `--enable-mixed-chunk` mixes them); False:
+    # every step carries the decodes and fills the rest of its budget with prefill (vLLM, TensorRT-LLM)
+    prefill_apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,11 @@ class Engine:
             # sglang/srt/server_args.py: chunked_prefill_size 8192 on large GPUs (else 2048),
             # mem_fraction_static about 0.88, cuda_graph_max_bs 256 on large GPUs (else 160); the radix cache
             # matches single tokens (page_size 1). mem_fraction_static is the share for weights and the KV pool
-            # ("static allocation"): activations and CUDA graphs live in the rest
+            # ("static allocation"): activations and CUDA graphs live in the rest. Its scheduler runs a new
+            # prefill batch before the running decodes (scheduler.py get_next_batch_to_run; enable_mixed_chunk
+            # off by default)
             return ServingDefaults(2048, 8192 if big else 2048, 0.88, False, 256 if big else 160, True,
-                                   cache_block_tokens=1, activations_in_budget=False)
+                                   cache_block_tokens=1, activations_in_budget=False, prefill_apart=True)
         # TensorRT-LLM (trtllm-serve / trtllm-bench): max_batch_size 2048, max_num_tokens 8192,
         # KV cache takes free_gpu_memory_fraction 0.9 of what the engine leaves free; no chunked context;
         # KV blocks of 32 tokens (tensorrt_llm KvCacheConfig tokens_per_block)

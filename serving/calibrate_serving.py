@@ -98,7 +98,8 @@ class ServingModel:
                       d.chunked_prefill if s.chunked_prefill is None else s.chunked_prefill,
                       output_kv_share=output_kv_share(m.engine, s.capacity_scheduler),
                       on_demand=on_demand_kv(m.engine, s.capacity_scheduler, d.cache_block_tokens,
-                                             cost.spare_kv_slots))
+                                             cost.spare_kv_slots),
+                      prefill_apart=d.prefill_apart and not s.mixed_chunk)
 
     def _predict(self, cost: StepCost, m: ServingMeasurement) -> dict[str, float]:
         limits = self._limits(cost, m)

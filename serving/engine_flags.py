@@ -24,6 +24,7 @@ class StatedSettings:
     api_servers: int = 1                     # processes taking requests in (vLLM's --api-server-count)
     power_limit_w: float | None = None       # a board power cap set on every GPU (nvidia-smi -pl), W
     capacity_scheduler: str | None = None    # TensorRT-LLM's KV admission policy (serving/capacity.py KV_ADMISSION)
+    mixed_chunk: bool = False                # SGLang mixes prefill chunks into the decode steps
 
 
 def _capacity_scheduler(value: str) -> str:
@@ -59,6 +60,7 @@ FLAGS: dict[str, tuple[str, object]] = {
     "--kv-cache-dtype": ("kv_cache_dtype", str),
     "--enable-expert-parallel": ("expert_parallel", SWITCH),
     "--enable-chunked-prefill": ("chunked_prefill", SWITCH),
+    "--enable-mixed-chunk": ("mixed_chunk", SWITCH),            # SGLang
     "--no-enable-chunked-prefill": ("chunked_prefill", NEGATED),
     "--num-scheduler-steps": ("scheduler_steps", _INT),
     "--api-server-count": ("api_servers", _INT),                # vLLM

@@ -102,6 +102,7 @@ class PublishedRun:
     prefix_hit_rate: float = 0.0  # the share of each prompt the run states was served from the prefix cache
     streams: bool = False        # its client took each token as it came (MLPerf Server/Interactive, a served benchmark)
     capacity_scheduler: str | None = None   # TensorRT-LLM's KV admission policy, as launched (None: the engine's)
+    mixed_chunk: bool = False    # SGLang launched with --enable-mixed-chunk
 
 
 def _engine(text: str) -> str | None:
@@ -301,7 +302,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
         flags.api_servers if flags.api_server else 0,
         _speculation(r["spec_decode"], engine)[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
-        streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler)
+        streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler,
+        mixed_chunk=flags.mixed_chunk)
     return run, None
 
 
@@ -362,7 +364,8 @@ class Predictor:
         return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl,
                       output_kv_share=output_kv_share(run.engine, run.capacity_scheduler),
                       on_demand=on_demand_kv(run.engine, run.capacity_scheduler, d.cache_block_tokens,
-                                             cost.spare_kv_slots))
+                                             cost.spare_kv_slots),
+                      prefill_apart=d.prefill_apart and not run.mixed_chunk)
 
     @staticmethod
     def cached_tokens(run: PublishedRun, cost: StepCost) -> int:

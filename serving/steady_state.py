@@ -72,6 +72,7 @@ class Limits:
     on_demand: OnDemandKV | None = None   # the engine allocates blocks as requests generate and preempts the
                                           # newest when they run out (serving/preemption.py); None: it admits a
                                           # request only with the blocks it counts for it, and never preempts
+    prefill_apart: bool = False  # prefill steps run alone and the decodes wait (cost/engines.py ServingDefaults)
 
 
 @dataclass
@@ -485,7 +486,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             last = max(a, last) + frontend_s
             entries.append(last)
         walk = _walk(step, entries, requests, admit, budget, limits.chunked_prefill, tokens_per_step,
-                     full_step_recompute(recompute_tokens))
+                     full_step_recompute(recompute_tokens), prefill_apart=limits.prefill_apart)
         delays = [e - a for a, e in zip(arrivals, entries)]
         if frontend_s > 0:
             note += f"; the HTTP server takes one request in every {frontend_s * 1e3:.3g} ms"
@@ -531,7 +532,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         arrivals = [server_s + i * spacing for i in range(load.requests)]
         requests = walked_requests(load.requests)
         _, _, makespan = _walk(step, arrivals, requests, admit, budget, limits.chunked_prefill, tokens_per_step,
-                               full_step_recompute(steady.recompute_tokens), users=users, resend_s=server_s)
+                               full_step_recompute(steady.recompute_tokens), users=users, resend_s=server_s,
+                               prefill_apart=limits.prefill_apart)
         rate = load.requests / (makespan + server_s)     # the run starts at the first send, the walk at its entry
         mean_in = sum(i for i, _ in requests) / len(requests) + cached_tokens
         mean_out = sum(out for _, out in requests) / len(requests)

@@ -8,7 +8,7 @@ import math
 
 def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: int, budget: int, chunked: bool,
          tokens_per_step: float = 1.0, full_step_prefill: float = 0.0,
-         users: int = 0, resend_s: float = 0.0) -> tuple[list[float], list[float], float]:
+         users: int = 0, resend_s: float = 0.0, prefill_apart: bool = False) -> tuple[list[float], list[float], float]:
     """An engine's steps over requests [(prompt tokens to prefill, output tokens)] arriving at `arrivals`
     (sorted seconds): (each request's wait for its first token, each TPOT, makespan from the first arrival to the
     last token). Each step fills the token budget with the running requests' decodes, then with prefill of the
@@ -16,14 +16,16 @@ def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: in
     prefill tokens a step carries beyond these while every slot is taken and requests wait (the recompute of the
     requests a full KV cache preempts, serving/preemption.py). `users` > 0: a client that keeps at most that many
     requests in flight (`vllm bench serve --max-concurrency`): request j reaches the engine `resend_s` (the server's
-    own work on a request) after j - users requests have finished, and its wait counts from then."""
+    own work on a request) after j - users requests have finished, and its wait counts from then. `prefill_apart`:
+    a step with prompts to prefill runs only them, on the whole budget, and the decoding requests wait through it
+    (SGLang's scheduler)."""
     n = len(arrivals)
     t = arrivals[0]
     waiting: list = []             # indices not yet admitted, in arrival order (a pointer into it)
     head = 0
     prefilling: list = []          # [arrival, prompt tokens left, output tokens]
-    decoding: list = []            # heap of (step index of its last token, first-token time, output tokens)
-    done, nxt, steps = 0, 0, 0
+    decoding: list = []            # heap of (decode step index of its last token, first-token time, output tokens)
+    done, nxt, steps = 0, 0, 0     # steps: the steps that advanced the decoding requests
     waits: list[float] = []
     tpots: list[float] = []
     sent = list(arrivals)          # when each request reaches the engine
@@ -43,7 +45,8 @@ def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: in
         if not prefilling and not decoding:
             t = sent[nxt]          # idle until the next request arrives
             continue
-        room, prefill, finished = budget - len(decoding), 0, 0
+        alone = prefill_apart and bool(prefilling)
+        room, prefill, finished = budget - (0 if alone else len(decoding)), 0, 0
         for item in prefilling:
             if room <= 0:
                 break
@@ -57,8 +60,8 @@ def walk(step, arrivals: list[float], requests: list[tuple[int, int]], admit: in
                 break
             finished += 1
         full = full_step_prefill if head < len(waiting) and len(prefilling) + len(decoding) >= admit else 0.0
-        t += step(len(decoding), prefill + full)
-        steps += 1
+        t += step(0 if alone else len(decoding), prefill + full)
+        steps += not alone
         while decoding and decoding[0][0] <= steps:
             _, first, output = heapq.heappop(decoding)
             done += 1

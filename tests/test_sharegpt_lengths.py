@@ -1,5 +1,6 @@
 """ShareGPT bursts as `vllm bench serve --dataset-name sharegpt` sends them: the bundled per-request set, its
-sampling rules (bench/sharegpt_lengths.py), and a burst that ends with its longest outputs (issue 19, item 2)."""
+sampling rules (bench/sharegpt_lengths.py), a burst that ends with its longest outputs, and SGLang's prefill steps
+that its decodes wait through (issue 19, item 2)."""
 import importlib.util
 import json
 from pathlib import Path
@@ -74,3 +75,28 @@ def test_the_sampler_keeps_vllms_rules(tmp_path):
     assert len(script.conversations(str(path))) == 6
     pairs = script.sample(script.conversations(str(path)), lambda s: len(s.split()))
     assert sorted(pairs) == [(10, 20), (1000, 1048)]
+
+
+def test_sglang_decodes_wait_through_a_prefill_step():
+    """Two prompts of 100 tokens at once, a budget of 150 tokens a step, 10 ms a step: the first prompt's first
+    token comes after step 1, the second's prompt ends in step 2. Mixed steps (vLLM) decode the first request in
+    step 2; SGLang runs step 2 as prefill alone, so the first request's four decodes take steps 3-6."""
+    from serving.step_walk import walk
+    step = lambda decoding, prefill: 0.010    # noqa: E731
+    mixed = walk(step, [0.0, 0.0], [(100, 5), (100, 5)], admit=8, budget=150, chunked=True)
+    apart = walk(step, [0.0, 0.0], [(100, 5), (100, 5)], admit=8, budget=150, chunked=True, prefill_apart=True)
+    assert mixed[0] == pytest.approx([0.010, 0.020]) and apart[0] == pytest.approx([0.010, 0.020])
+    assert mixed[1] == pytest.approx([0.010, 0.010]) and mixed[2] == pytest.approx(0.060)
+    assert sorted(apart[1]) == pytest.approx([0.010, 0.0125]) and apart[2] == pytest.approx(0.060)
+
+
+def test_sglang_is_priced_with_prefill_apart_unless_it_mixes_chunks():
+    sglang, _ = map_row(ROW)
+    mixed, _ = map_row({**ROW, "engine_flags": ROW["engine_flags"] + " --enable-mixed-chunk"})
+    vllm, _ = map_row({**ROW, "engine": "vLLM", "engine_version": "v0.11.0", "engine_flags": "vllm serve Qwen/Qwen3-8B"})
+    predictor = Predictor()
+    assert predictor.limits(sglang, predictor.cost(sglang)).prefill_apart
+    assert not predictor.limits(mixed, predictor.cost(mixed)).prefill_apart
+    assert not predictor.limits(vllm, predictor.cost(vllm)).prefill_apart
+    # a burst's decodes wait through the prefill steps: a longer TPOT than the same engine mixing them
+    assert predictor.predict(sglang)[0]["tpot_ms"] > 1.1 * predictor.predict(mixed)[0]["tpot_ms"]
