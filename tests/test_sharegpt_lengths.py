@@ -100,3 +100,14 @@ def test_sglang_is_priced_with_prefill_apart_unless_it_mixes_chunks():
     assert not predictor.limits(vllm, predictor.cost(vllm)).prefill_apart
     # a burst's decodes wait through the prefill steps: a longer TPOT than the same engine mixing them
     assert predictor.predict(sglang)[0]["tpot_ms"] > 1.1 * predictor.predict(mixed)[0]["tpot_ms"]
+
+
+def test_serving_sim_says_its_steps_mix_what_sglang_runs_apart(capsys):
+    from cli.inference.serving_sim import main as sim_main
+    for engine, expected in (("sglang", True), ("vllm", False)):
+        sim_main(["qwen3-8b", "--device", "h100", "--engine", engine, "--workload", "random", "--num-requests", "20",
+                  "--json"])
+        out = json.loads(capsys.readouterr().out)
+        assert bool(out["scheduling"]) is expected
+        if expected:
+            assert "the simulator mixes them in every step" in out["scheduling"]

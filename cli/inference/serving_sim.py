@@ -250,6 +250,7 @@ def run(args) -> dict:
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
            "time_scale": args.time_scale, "engine": args.engine, "streams": args.stream,
            "kv_admission": kv_admission(args.engine, args.capacity_scheduler) if args.execution == "engine" else None,
+           "scheduling": PREFILL_APART_NOTE if args.execution == "engine" and cost.defaults.prefill_apart else None,
            "step_overheads": cost.overhead_origin,
            "origin": cost.origin.as_json(),
            "speculation": cost.speculation.describe() if cost.speculation is not None else None,
@@ -279,6 +280,11 @@ def _f(v, fmt="{:.1f}") -> str:
 def _pcts(d: dict) -> str:
     return f"{_f(d['p50'])} / {_f(d['p90'])} / {_f(d['p99'])}" if d["requests"] else "-"
 
+
+# what the simulator's steps leave out of an engine whose prefill steps run apart (cost/engines.py ServingDefaults)
+PREFILL_APART_NOTE = ("this engine runs a step with prompts to prefill apart from its decodes, which wait through it "
+                      "(SGLang's scheduler); the simulator mixes them in every step, so its TPOT where prompts keep "
+                      "arriving is low (throughput_optimizer's walked bursts price it)")
 
 ROWS = [  # (label, formatter of one run's summary)
     ("token hit rate", lambda r: f"{r['hit_rate'] * 100:.1f}%"),
@@ -362,6 +368,8 @@ def render(out: dict) -> str:
                  f"position, seeded; 'tokens per step' is what the run drew)")
     for note in origin_notes(out["origin"]):
         text += f"\nnote: {note}"
+    if out.get("scheduling"):
+        text += f"\nnote: {out['scheduling']}"
     admission = out.get("kv_admission") and kv_admission_note(out["engine"], out["kv_admission"])
     if admission:
         text += f"\nnote: {admission}"
