@@ -93,7 +93,8 @@ def test_sglang_decodes_wait_through_a_prefill_step():
 def test_sglang_is_priced_with_prefill_apart_unless_it_mixes_chunks():
     sglang, _ = map_row(ROW)
     mixed, _ = map_row({**ROW, "engine_flags": ROW["engine_flags"] + " --enable-mixed-chunk"})
-    vllm, _ = map_row({**ROW, "engine": "vLLM", "engine_version": "v0.11.0", "engine_flags": "vllm serve Qwen/Qwen3-8B"})
+    vllm, _ = map_row({**ROW, "engine": "vLLM", "engine_version": "v0.11.0",
+                       "engine_flags": "vllm serve Qwen/Qwen3-8B"})
     predictor = Predictor()
     assert predictor.limits(sglang, predictor.cost(sglang)).prefill_apart
     assert not predictor.limits(mixed, predictor.cost(mixed)).prefill_apart
