@@ -37,7 +37,7 @@ from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_d
 from tracer.model_source import ModelError, resolve_model
 from tracer.work import TraceOptions
 
-from .lengths import bundled
+from .lengths import bundled_for_run
 from .capacity import on_demand_kv, output_kv_share
 from .measurements import BATCH, CONCURRENCY, MAX, MeasurementError, RunFacts, ServingMeasurement, load_files
 from .published import MODELS
@@ -112,7 +112,7 @@ class ServingModel:
         # `vllm bench serve` runs come through the HTTP server; the offline scripts and MLPerf harnesses do not
         through_server = m.format == "vllm_serve" or m.settings.api_server
         frontend_s = cost.overheads.frontend_ms * 1e-3 / max(1, m.settings.api_servers) if through_server else 0.0
-        lengths = bundled(m.lengths).scaled(osl, isl) if m.lengths else None
+        lengths = bundled_for_run(m.lengths, osl, isl) if m.lengths else None
         state = solve(cost.steady, isl, osl, 0, load, limits, cost.overheads.request_ms * 1e-3,
                       frontend_s=frontend_s, lengths=lengths, tokens_per_step=cost.tokens_per_step)
         return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,

@@ -149,6 +149,12 @@ def bundled(name: str) -> LengthDistribution:
                               (entry["input"]["max"], entry["output"]["max"]))
 
 
+@lru_cache(maxsize=256)
+def bundled_for_run(name: str, output_mean: float, input_mean: float) -> LengthDistribution:
+    """A bundled set scaled to a run's own mean lengths; a fit prices the same runs many times."""
+    return bundled(name).scaled(output_mean, input_mean)
+
+
 def _count(value, where: str, what: str) -> int:
     try:
         number = float(value)
@@ -214,4 +220,5 @@ def read_lengths(path: str) -> LengthDistribution:
     return LengthDistribution(path, len(pairs), tuple(pairs))
 
 
-__all__ = ["LengthDistribution", "LengthsError", "bundled", "bundled_sets", "fixed_lengths", "read_lengths"]
+__all__ = ["LengthDistribution", "LengthsError", "bundled", "bundled_for_run", "bundled_sets", "fixed_lengths",
+           "read_lengths"]

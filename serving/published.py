@@ -30,7 +30,7 @@ from tracer.work import TraceOptions
 
 from .capacity import on_demand_kv, output_kv_share
 from .engine_flags import stated_settings
-from .lengths import bundled
+from .lengths import bundled_for_run
 from .measurements import harness_weights, streamed, system_device, system_kv_dtype
 from .steady_state import CONCURRENCY, MAX, RATE, Limits, Load, SteadyState, solve
 from .speculative import Speculation, parse_speculation, speculative_step
@@ -380,7 +380,7 @@ class Predictor:
         if overheads is not None:
             cost.overheads = overheads
         try:
-            lengths = bundled(run.lengths).scaled(run.osl, run.isl) if run.lengths else None
+            lengths = bundled_for_run(run.lengths, run.osl, run.isl) if run.lengths else None
             limits = self.limits(run, cost)
             need = run.isl + limits.output_kv_share * run.osl
             if limits.kv_tokens < need:     # a setup that serves nothing is refused, not priced as ~0 tokens/s
