@@ -183,7 +183,7 @@ class Searcher:
         return Limits(max(1, seqs // pp), budget, mem.kv_tokens // pp, d.chunked_prefill,
                       mem.state_tokens_per_sequence, mem.attention_kv, output_kv_share(engine, policy),
                       on_demand_kv(engine, policy, d.cache_block_tokens, cost.spare_kv_slots),
-                      d.prefill_apart), mem
+                      prefill_apart=d.prefill_apart), mem
 
     @property
     def _limit_quantiles(self) -> tuple[int, ...]:
