@@ -178,6 +178,8 @@ def main(argv=None) -> int:
     rates = [] if args.no_limits else limit_rates(runs, predictor)
     if args.json:
         print(json.dumps({"rows": len(rows), "skipped": skipped, "seconds": time.time() - t0,
+                          "set_aside": [{"id": r.id, "metric": m, "why": why} for r, _ in rows
+                                        for m, why in r.set_aside.items()],
                           "groups": {" / ".join(k): {m: stats(v) for m, v in ms.items()} for k, ms in errs.items()},
                           "rate_within_limits": [{"id": r.id, "predicted": p, "submitted": s, "at_predicted_rate": a,
                                                   "tpot_steepness": k} for r, p, s, a, k in rates],
@@ -186,6 +188,11 @@ def main(argv=None) -> int:
         return 0
     print(f"{len(rows)} rows predicted in {time.time() - t0:.0f} s ({len(skipped)} skipped)\n")
     print(table(errs))
+    aside = [(r.id, m, why) for r, _ in rows for m, why in r.set_aside.items()]
+    if aside:
+        print("\nNumbers set aside, not scored, because the row's own other numbers rule them out:\n")
+        print("| id | metric | why |\n|---|---|---|")
+        print("\n".join(f"| {i} | {m} | {why} |" for i, m, why in aside))
     if rates:
         print("\nHighest request rate within the p99 TTFT/TPOT limits, predicted against the submitter's rate:\n")
         print(limits_table(rates))

@@ -232,7 +232,7 @@ def run_engine(args) -> int:
             raise ValueError(f"--start-from {args.start_from}: its {args.engine} kernel models are not fitted "
                              f"({sibling.origin})")
     tables = load_tables(args.kernel_db, args.system, args.engine)
-    versions = sorted({t.source.split("/")[-2] for t in tables.values() if "/nccl/" not in t.source})
+    versions = sorted({f.split("/")[-2] for t in tables.values() for f in t.source.split("; ") if "/nccl/" not in f})
     rows = sum(len(t.rows) for t in tables.values())
     origin = (f"fitted by python -m cost.calibrate --kernel-db on AIConfigurator {args.system} {args.engine} "
               f"{'/'.join(versions)} kernel tables ({rows} rows; seed {args.seed}, fit fraction {args.fit_fraction:g})")

@@ -15,7 +15,8 @@ Each timed region is what the published kernel tables time (cost/kernel_rows.py 
 also gets "kernel_model", the profile's fitted model that priced it (decode_attention.bf16_mha: TensorRT-LLM's
 multi-head decode kernel; gemm.bf16 (weight-only): an fp8 GEMM on a GPU without fp8), and "carried_over" and
 "kernels_fitted_on": whether the device's kernel models were fitted on its own tables, and on which device's they
-were; a carried-over device is named first on stderr.
+were; a carried-over device is named first on stderr. A model this device takes from another fit (its profile's
+`carried` formats, or another engine's fit of this device) also gets "kernel_model_from", naming where.
 A bad row stops with an error naming its line number; nothing is written for it.
 """
 from __future__ import annotations
@@ -70,9 +71,12 @@ def main(argv=None) -> int:
     origin = kernel_origin(hw, args.engine)
     if origin.headline():     # said first, before any number
         print(origin.headline(), file=sys.stderr)
+    taken = {t.split(" from ", 1)[0]: t.split(" from ", 1)[1] for t in cal.inherited}
     for obj, s, model in zip(objects, seconds, models):
+        base = model.split(" ")[0]
         print(dumps_strict({**obj, "ms": round(float(s) * 1e3, 6), "kernel_model": model,
-                            "carried_over": origin.carried_over, "kernels_fitted_on": origin.fitted_on}))
+                            "carried_over": origin.carried_over, "kernels_fitted_on": origin.fitted_on,
+                            **({"kernel_model_from": taken[base]} if base in taken else {})}))
     print(f"{len(rows)} rows priced with {ENGINES[args.engine].label} kernels on {hw.name} ({cal.origin})",
           file=sys.stderr)
     return 0

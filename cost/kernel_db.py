@@ -3,7 +3,8 @@
     pip download --no-deps aiconfigurator-core==0.12.0     # the wheel holds the tables (Apache-2.0)
 
 DIR is the wheel itself, its unzipped folder, or any folder holding `<system>/<op>/<framework>/<version>/*.parquet`.
-For each table the newest collected version is read. Reading parquet needs pyarrow
+For each table the newest collected version is read (a MoE format whose newest rows time a kernel the engine's
+default launch does not run comes from the newest version that times the one it does). Reading parquet needs pyarrow
 (`pip install 'tracecost[calibrate]'`); tracecost never needs the tables at run time.
 
 Semantics (read from the collectors and checked against the numbers): latency is ms per call, timed as
@@ -37,7 +38,7 @@ class KernelDBError(ValueError):
 class KernelTable:
     """One kernel class's measured rows on one system and engine."""
     name: str              # gemm, context_attention, generation_attention, moe, custom_allreduce, nccl, quant
-    source: str            # the table file it came from
+    source: str            # the table file it came from ("; "-joined where a format came from an older one)
     rows: list
     seconds: np.ndarray
 
@@ -67,10 +68,15 @@ class _Store:
             raise KernelDBError(f"{path}: no parquet tables inside (pass the aiconfigurator-core wheel or its folder)")
 
     def find(self, system: str, op: str, framework: str, filename: str) -> str | None:
+        found = self.find_all(system, op, framework, filename)
+        return found[0] if found else None
+
+    def find_all(self, system: str, op: str, framework: str, filename: str) -> list[str]:
+        """Every collected version of a table, newest first."""
         pattern = re.compile(rf"(^|/){re.escape(system)}/{re.escape(op)}/{re.escape(framework)}/([^/]+)/"
                              rf"{re.escape(filename)}$")
         found = [(m.group(2), name) for name in self.files if (m := pattern.search(name))]
-        return max(found, key=lambda vn: _version_key(vn[0]))[1] if found else None
+        return [name for _, name in sorted(found, key=lambda vn: _version_key(vn[0]), reverse=True)]
 
     def read(self, name: str):
         try:
@@ -169,6 +175,10 @@ class Collector:
                                            # timing a head dim the preferred one also times are dropped
     fp8_kv_query: str = "bfloat16"         # the query dtype of attention over an fp8 KV cache, where a table
                                            # times both (`attn_dtype`)
+    moe_served: tuple = ()                 # (format, system prefixes, kernel_source substrings): the MoE kernels
+                                           # the engine's default launch runs for checkpoints of that format
+                                           # there; rows of another source are dropped, and a newest table with
+                                           # none of them gives way to the newest one that times them
 
     def keys_after_step(self, version: str) -> bool:
         return not _before(version, self.step_keys_until)
@@ -184,7 +194,14 @@ def _before(version: str, first: str | None) -> bool:
 COLLECTORS = {
     # vLLM's block-fp8 rows take 60-300 us for any small GEMM (57-172 us on Hopper, 160-300 us on Blackwell,
     # Grace hosts the slowest), 10-50x its fp8 rows of the same shape: the host's time to issue the Python op
-    "vllm": Collector(step_keys_until="0.22", gated_relu2_until="0.17", host_issued_gemm=("fp8_block",)),
+    "vllm": Collector(step_keys_until="0.22", gated_relu2_until="0.17", host_issued_gemm=("fp8_block",),
+                      # per-tensor and per-channel FP8 MoE checkpoints run Triton fused_moe (fp8_w8a8) on Hopper:
+                      # vllm/model_executor/layers/quantization/fp8.py get_fp8_moe_backend takes FlashInfer only
+                      # with VLLM_USE_FLASHINFER_MOE_FP8 set, and SGLang's fused_moe_triton is the same kernel.
+                      # The 0.24 collector's fp8 rows time ModelOptFp8MoE through FlashInfer's CUTLASS MoE
+                      # (kernel_source vllm_modeloptfp8moe_flashinfer_cutlass_*), 2-3x slower than bf16 on
+                      # H200 at 512 experts; the 0.19 collector's (vllm_fused_moe) time the Triton kernel
+                      moe_served=(("fp8", ("h100_", "h200_"), ("vllm_fused_moe", "tritonexperts")),)),
     # SGLang's expert-parallel rows feed only the tokens that reach rank 0 and compute their remote slots on
     # expert 0, work no serving rank does
     "sglang": Collector(gated_relu2_until="0.5.14", single_rank_ep=False,
@@ -201,14 +218,20 @@ COLLECTORS = {
 }
 
 
-def _moe(t, relu2_timed_gated: bool = False, single_rank_ep: bool = True) -> tuple[list, list]:
+def _moe(t, relu2_timed_gated: bool = False, single_rank_ep: bool = True, served: dict | None = None,
+         formats: tuple | None = None) -> tuple[list, list]:
     """`relu2_timed_gated`: the collector timed a relu^2 model's layers as gated work. Expert-parallel rows that
-    do not time one serving rank's work (`single_rank_ep` false) are skipped."""
+    do not time one serving rank's work (`single_rank_ep` false) are skipped. `served`: per format, the kernel
+    sources the engine runs (rows of other sources are skipped); `formats`: only rows of these formats."""
     rows, ms = [], []
+    sources = t.get("kernel_source") or [""] * len(t["latency"])
     for i, lat in enumerate(t["latency"]):
         dtype = _MOE_DTYPES.get(t["moe_dtype"][i])
         tp, ep = int(t["moe_tp_size"][i]), int(t["moe_ep_size"][i])
         if dtype is None or (tp > 1 and ep > 1) or (ep > 1 and not single_rank_ep):
+            continue
+        if (formats is not None and dtype not in formats) or \
+                (served and dtype in served and not any(s in sources[i] for s in served[dtype])):
             continue
         hidden, experts, top_k = int(t["hidden_size"][i]), int(t["num_experts"][i]), int(t["topk"][i])
         rows.append(MoeRow(int(t["num_tokens"][i]), hidden, int(t["inter_size"][i]), experts, top_k, tp, ep, dtype,
@@ -243,6 +266,26 @@ def _quant(static, dynamic_extra) -> tuple[list, list]:
     return rows, ms
 
 
+def add_moe(files: list[str], store: _Store, collector: Collector, system: str, add) -> None:
+    """The newest MoE table, each format the engine runs another kernel for (`Collector.moe_served`) taken
+    from the newest version that times the served one."""
+    served = {fmt: sources for fmt, systems, sources in collector.moe_served if system.startswith(systems)}
+    newest = files[0]
+    rows, ms = _moe(store.read(newest), collector.relu2_timed_gated(_version(newest)), collector.single_rank_ep,
+                    served)
+    used = [newest]
+    for fmt in served:
+        if any(r.dtype == fmt for r in rows):
+            continue
+        for older in files[1:]:
+            more, more_ms = _moe(store.read(older), collector.relu2_timed_gated(_version(older)),
+                                 collector.single_rank_ep, served, (fmt,))
+            if more:
+                rows, ms, used = rows + more, ms + more_ms, used + [older]
+                break
+    add("moe", "; ".join(used), (rows, ms))
+
+
 def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
     """Every kernel table of `engine` on `system` that the store holds, as typed rows and measured seconds."""
     store = _Store(path)
@@ -262,8 +305,8 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
         if f := store.find(system, "attention", engine, table):
             add(f"{phase}_attention", f, _attention(store.read(f), phase, collector.keys_after_step(_version(f)),
                                                     collector.attention_backends, collector.fp8_kv_query))
-    if f := store.find(system, "moe", engine, "moe_perf.parquet"):
-        add("moe", f, _moe(store.read(f), collector.relu2_timed_gated(_version(f)), collector.single_rank_ep))
+    if files := store.find_all(system, "moe", engine, "moe_perf.parquet"):
+        add_moe(files, store, collector, system, add)
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):
         add("custom_allreduce", f, _allreduce(store.read(f), "custom"))
     if f := store.find(system, "comm", "nccl", "nccl_perf.parquet"):

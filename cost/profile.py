@@ -284,11 +284,43 @@ def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
             out[name] = parse_calibration(name, body, f"engines.{name}")
         except ValueError as e:
             raise ProfileError(f"{where}: {e}") from None
+    own = dict(out)
+    for name, cal in own.items():
+        if cal.carried:
+            out[name] = _with_carried(cal, name, where, seen, own)
     default = out.get(DEFAULT_ENGINE)
     for name, cal in out.items():
         if default is not None and name != DEFAULT_ENGINE:
             out[name] = cal.merged_over(default, f"this device's {DEFAULT_ENGINE} fit")
     return out
+
+
+def _with_carried(cal: EngineCalibration, engine: str, where: str, seen: tuple,
+                  own: dict[str, EngineCalibration]) -> EngineCalibration:
+    """Each format the section carries, where it has none: from a sibling device's fit of the same engine, or
+    (`"engine"`) from another engine's fit, on this device (`own`, this profile's fitted sections) or a sibling."""
+    for key, spec in cal.carried.items():
+        section, fmt = key.split(".", 1)
+        if fmt in getattr(cal, section):
+            continue
+        field_name = f"engines.{engine}.carried.{key}"
+        source_engine = spec.get("engine", engine)
+        if spec["from"] == (seen[-1] if seen else None):
+            if source_engine == engine:
+                raise ProfileError(f"{where}: {field_name}: a format cannot be carried from its own section")
+            if source_engine not in own:
+                raise ProfileError(f"{where}: {field_name}: this profile has no fitted {source_engine} section to "
+                                   f"take it from")
+            source, label = own[source_engine], f"this device's {source_engine} fit"
+        else:
+            parent = _parent(spec["from"], where, field_name, seen)
+            source = parent.engine(source_engine)
+            label = f"the {parent.name} " + (f"{source_engine} fit" if source_engine != engine else "fit")
+        theirs = getattr(source, section).get(fmt)
+        if theirs is None:
+            raise ProfileError(f"{where}: {field_name}: {spec['from']} has no {key} for {source_engine}")
+        cal = cal.with_format(key, theirs, f"{label} ({spec['why']})")
+    return cal
 
 
 def _parent(name, where: str, field_name: str, seen: tuple) -> "HardwareProfile":

@@ -103,6 +103,7 @@ class PublishedRun:
     streams: bool = False        # its client took each token as it came (MLPerf Server/Interactive, a served benchmark)
     capacity_scheduler: str | None = None   # TensorRT-LLM's KV admission policy, as launched (None: the engine's)
     mixed_chunk: bool = False    # SGLang launched with --enable-mixed-chunk
+    set_aside: dict = field(default_factory=dict)    # {metric: why}: numbers the row's own others rule out
 
 
 def _engine(text: str) -> str | None:
@@ -246,6 +247,28 @@ def _measured(r: dict) -> tuple[dict, dict]:
     return measured, percentiles
 
 
+# how far a burst's throughput may exceed the bound its own mean latencies set before the row contradicts itself
+SELF_CONSISTENCY_MARGIN = 1.25
+
+
+def _contradicted(r: dict, measured: dict) -> dict:
+    """{metric: why} for numbers a row's other numbers rule out. A burst of N requests of one fixed output length
+    (a random dataset) ends no sooner than its mean request, TTFT + (osl - 1) x TPOT, so its output tokens/s is at
+    most N x osl over that; a row beyond it (by the margin) reports some other quantity under that name. Varying
+    outputs (ShareGPT) have no such bound: short outputs inflate the mean of per-request TPOTs."""
+    n, osl = r.get("num_requests"), r.get("osl")
+    if r.get("concurrency") or r.get("request_rate") or r.get("mode") == "offline_batch" or not n or not osl \
+            or not (r.get("dataset") or "").lower().startswith("random") \
+            or not all(m in measured for m in ("ttft_ms", "tpot_ms", "output_tok_s")):
+        return {}
+    bound = n * osl / ((measured["ttft_ms"] + (osl - 1) * measured["tpot_ms"]) / 1e3)
+    if measured["output_tok_s"] <= bound * SELF_CONSISTENCY_MARGIN:
+        return {}
+    return {"output_tok_s": f"{measured['output_tok_s']:.0f} output tokens/s, {measured['output_tok_s'] / bound:.1f}x "
+                            f"what its own mean TTFT and TPOT allow a burst of {n} fixed-length requests "
+                            f"({bound:.0f})"}
+
+
 def _prefix_hit_rate(r: dict) -> float:
     """The prefix-cache hit rate a row states: a number, or text that starts with one ("~1.0 (stated: ...)").
     A cache that is on with no stated rate counts as no hits (the dev set's random and ShareGPT prompts)."""
@@ -286,6 +309,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     replicas = int(r.get("dp") or 1)
     ep = int(r.get("ep") or (tp if flags.expert_parallel else 1))
     measured, percentiles = _measured(r)
+    set_aside = _contradicted(r, measured)
+    measured = {m: v for m, v in measured.items() if m not in set_aside}
     scenario = r["id"].rsplit("-", 1)[-1]
     dtype = _dtype(r["precision"], model, r.get("checkpoint"))
     if dtype in ("fp16", "bf16"):       # a base precision the harness's code quantizes from
@@ -303,7 +328,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         flags.api_servers if flags.api_server else 0,
         _speculation(r["spec_decode"], engine)[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
         streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler,
-        mixed_chunk=flags.mixed_chunk)
+        mixed_chunk=flags.mixed_chunk, set_aside=set_aside)
     return run, None
 
 

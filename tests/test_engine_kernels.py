@@ -282,6 +282,83 @@ def test_tables_keep_the_backend_a_default_launch_runs_for_each_head_dim(tmp_pat
     assert len(load_tables(str(tmp_path), "b300_sxm", "vllm")["prefill_attention"].rows) == 6
 
 
+def _moe_table(folder, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    folder.mkdir(parents=True)
+    cols = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size",
+            "distribution", "moe_dtype", "kernel_source", "latency")
+    table = {c: [] for c in cols}
+    for dtype, source, ms in rows:
+        for name, value in zip(cols, (64, 4096, 1408, 8, 128, 1, 1, "balanced", dtype, source, ms)):
+            table[name].append(value)
+    pq.write_table(pa.table(table), folder / "moe_perf.parquet")
+
+
+def test_hopper_fp8_moe_rows_time_the_kernel_vllm_runs_for_fp8_checkpoints(tmp_path):
+    """vLLM's newest Hopper MoE table times FP8 only as ModelOpt's FlashInfer CUTLASS path; vLLM and SGLang run
+    FP8 MoE checkpoints on Triton fused_moe there, so those rows give way to the newest older table that times
+    Triton, the other formats staying with the newest table. Off Hopper the rows stay as collected."""
+    pytest.importorskip("pyarrow")
+    from cost.kernel_db import load_tables
+    for system in ("h200_sxm", "b200_sxm"):
+        root = tmp_path / system / "moe" / "vllm"
+        _moe_table(root / "0.24.0", [("bfloat16", "vllm_unquantizedfusedmoe_triton_tritonexperts", 0.10),
+                                     ("fp8", "vllm_modeloptfp8moe_flashinfer_cutlass_flashinferexperts", 0.30)])
+        _moe_table(root / "0.19.0", [("bfloat16", "vllm_fused_moe", 0.11), ("fp8", "vllm_fused_moe", 0.06)])
+    hopper = load_tables(str(tmp_path), "h200_sxm", "vllm")["moe"]
+    assert sorted((r.dtype, round(ms * 1e3, 2)) for r, ms in zip(hopper.rows, hopper.seconds)) == \
+        [("bf16", 0.10), ("fp8", 0.06)]
+    assert "0.24.0" in hopper.source and "0.19.0" in hopper.source
+    blackwell = load_tables(str(tmp_path), "b200_sxm", "vllm")["moe"]
+    assert sorted((r.dtype, round(ms * 1e3, 2)) for r, ms in zip(blackwell.rows, blackwell.seconds)) == \
+        [("bf16", 0.10), ("fp8", 0.30)]
+
+
+def test_a100_vllm_prices_4bit_moe_on_the_marlin_kernel_sglangs_a100_table_times():
+    """vLLM's A100 table times only bf16 MoE; gpt-oss's mxfp4 and int4 experts run Marlin there, the kernel
+    SGLang's A100 table times, so vLLM takes that fit (said in the notes) instead of bf16's scaled bytes."""
+    a100 = load_profile("a100")
+    vllm, sglang = a100.engine("vllm"), a100.engine("sglang")
+    assert vllm.moe["int4"] == sglang.moe["int4"] and "int4" not in load_profile("h100").engine("vllm").carried
+    assert any(s.startswith("moe.int4 from this device's sglang fit") for s in vllm.inherited)
+    row = parse_row({"op": "moe", "tokens": 64, "hidden": 2880, "inter": 2880, "experts": 128, "top_k": 4,
+                     "dtype": "mxfp4"}, 1)
+    (seconds,) = price_rows(vllm, a100, [row])
+    (bf16,) = price_rows(vllm, a100, [replace(row, dtype="bf16")])
+    assert seconds < bf16 / 2        # 0.53 of a byte a weight on Marlin's 16-row tiles, not bf16's padded ones
+
+
+def test_a_format_carried_from_a_sibling_fit_is_used_and_said(tmp_path):
+    """H100's tables lack the FP8 MoE kernel the engines run; its profile carries H200's fit of it, the notes
+    say so, SGLang on H100 takes it through this device's vLLM fit, and a carried format a sibling lacks is a
+    one-line profile error."""
+    import json
+    h100, h200 = load_profile("h100"), load_profile("h200")
+    assert h100.engine("vllm").moe["fp8"] == h200.engine("vllm").moe["fp8"]
+    assert h100.engine("sglang").moe["fp8"] == h200.engine("vllm").moe["fp8"]
+    assert any(s.startswith("moe.fp8 from the NVIDIA H200") for s in h100.engine("vllm").inherited)
+    assert "moe" not in {s.split(".")[0] for s in h200.engine("vllm").inherited}
+    data = json.loads((Path(__file__).parents[1] / "hw_profiles" / "h100.json").read_text())
+    data["engines"]["vllm"]["carried"] = {"moe.nvfp4": {"from": "h200", "why": "test"}}
+    path = tmp_path / "h100_bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="has no moe.nvfp4 for vllm"):
+        load_profile(str(path)).engine("vllm")
+    data["engines"]["vllm"]["carried"] = {"moe.bf16": {"from": "h100_self", "why": "test"}}
+    data["engines"]["vllm"]["moe"].pop("bf16")
+    path = tmp_path / "h100_self.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="from its own section"):
+        load_profile(str(path)).engine("vllm")
+    data = json.loads((Path(__file__).parents[1] / "hw_profiles" / "h100.json").read_text())
+    data["engines"]["vllm"]["carried"] = {"moe.fp9": {"from": "h200", "why": "test"}}
+    path = tmp_path / "h100_bad_format.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="not a section.format"):
+        load_profile(str(path)).engine("vllm")
+
+
 def test_trtllm_decodes_mha_and_large_groups_on_its_multi_head_kernel_with_a_fit_of_its_own():
     """TensorRT-LLM's XQA kernel serves groups of 2 to 32 query heads per KV head; MHA (one) and larger groups run
     its masked multi-head kernel: rows and a model step pick the `<kv>_mha` set, other engines never do."""

@@ -244,7 +244,9 @@ def test_hw_profiles_shows_the_fit_per_engine():
     line = next(l for l in out.splitlines() if l.startswith("gh200 "))
     assert "vllm from h200, sglang from h200, trtllm from h200" in line
     line = next(l for l in out.splitlines() if l.startswith("h100 "))
-    assert "vllm fitted, sglang fitted, trtllm fitted" in line
+    assert "vllm fitted (moe.fp8 from h200), sglang fitted, trtllm fitted" in line
+    line = next(l for l in out.splitlines() if l.startswith("a100 "))
+    assert "vllm fitted (moe.int4 from this device (sglang)), sglang fitted" in line
     rc, out, _ = _run(main, ["mi300x", "--json"])
     engines = json.loads(out)[0]["engines"]
     assert engines["vllm"]["fit"] == "from h100 scaled" and "trtllm" not in engines

@@ -32,6 +32,10 @@ class EngineCalibration:
     moe: dict[str, MoeParams] = field(default_factory=dict)
     allreduce: dict[str, dict[int, CollectiveCurve]] = field(default_factory=dict)
     inherited: tuple[str, ...] = ()               # sections taken from another calibration, said in notes
+    carried: dict = field(default_factory=dict)   # "section.format" -> {"from": PROFILE, "why": ..., "engine"?}:
+                                                  # a format this device's tables do not time as the engine runs
+                                                  # it, taken from a sibling device's fit of the same engine, or
+                                                  # from another engine's fit that times the same kernel
 
     def merged_over(self, base: "EngineCalibration", base_label: str) -> "EngineCalibration":
         """Fill what this calibration lacks from `base`, recording which sections were inherited."""
@@ -41,19 +45,31 @@ class EngineCalibration:
             mine, theirs = getattr(self, name), getattr(base, name)
             if isinstance(mine, dict):
                 missing = {k: v for k, v in theirs.items() if k not in mine}
-                taken += [f"{name}.{k} from {base_label}" for k in missing]
+                theirs_from = {t.split(" from ", 1)[0]: t.split(" from ", 1)[1] for t in base.inherited}
+                taken += [f"{name}.{k} from {base_label}"
+                          + (f", which takes it from {theirs_from[f'{name}.{k}']}" if f"{name}.{k}" in theirs_from
+                             else "") for k in missing]
                 values[name] = {**missing, **mine}
             else:
                 if mine is None and theirs is not None:
                     taken.append(f"{name} from {base_label}")
                 values[name] = mine if mine is not None else theirs
         return EngineCalibration(engine=self.engine, origin=self.origin, release=self.release,
-                                 inherited=self.inherited + tuple(taken), **values)
+                                 inherited=self.inherited + tuple(taken), carried=self.carried, **values)
+
+    def with_format(self, key: str, params, label: str) -> "EngineCalibration":
+        """This calibration with one `section.format` set to `params`, taken from `label` (said in notes)."""
+        section, fmt = key.split(".", 1)
+        values = {**getattr(self, section), fmt: params}
+        return EngineCalibration(**{**self.__dict__, section: values,
+                                    "inherited": self.inherited + (f"{key} from {label}",)})
 
     def to_json(self) -> dict:
         out: dict = {"origin": self.origin}
         if self.release:
             out["release"] = self.release
+        if self.carried:
+            out["carried"] = self.carried
         if self.gemm:
             out["gemm"] = {k: v.to_json() for k, v in self.gemm.items()}
         for name in ("quant", "elementwise"):
@@ -77,9 +93,25 @@ def _keyed(data, where: str, allowed: tuple[str, ...], cls: type[ParamSet]) -> d
     return {k: cls.from_json(v, f"{where}.{k}") for k, v in data.items()}
 
 
+def _carried(data, where: str) -> dict:
+    keyed = {"moe": MOE_FORMATS, "gemm": GEMM_FORMATS, "prefill_attention": KV_FORMATS,
+             "decode_attention": DECODE_KERNELS}
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: must map 'section.format' to {{\"from\": PROFILE, \"why\": TEXT}}")
+    for key, body in data.items():
+        section, _, fmt = key.partition(".")
+        if fmt not in keyed.get(section, ()):
+            raise ValueError(f"{where}: '{key}' is not a section.format (e.g. moe.fp8)")
+        if not isinstance(body, dict) or not {"from", "why"} <= set(body) <= {"from", "why", "engine"} or not all(
+                isinstance(v, str) and v for v in body.values()):
+            raise ValueError(f"{where}.{key}: must be {{\"from\": PROFILE, \"why\": TEXT}} (and \"engine\": "
+                             f"ENGINE where another engine's fit runs the same kernel)")
+    return dict(data)
+
+
 def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
     """Validate an `engines.<engine>` section (without `from`); every error names the field."""
-    allowed = {"origin", "release", *SECTIONS}
+    allowed = {"origin", "release", "carried", *SECTIONS}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ValueError(f"{where}: unknown field '{unknown[0]}' (fields: {', '.join(sorted(allowed))})")
@@ -110,7 +142,7 @@ def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
         return cls.from_json(data[name], f"{where}.{name}") if name in data else None
 
     return EngineCalibration(
-        engine=engine, origin=origin, release=release,
+        engine=engine, origin=origin, release=release, carried=_carried(data.get("carried", {}), f"{where}.carried"),
         gemm=_keyed(data.get("gemm", {}), f"{where}.gemm", GEMM_FORMATS, GemmParams),
         quant=optional("quant", StreamParams), elementwise=optional("elementwise", StreamParams),
         prefill_attention=_keyed(data.get("prefill_attention", {}), f"{where}.prefill_attention", KV_FORMATS,
