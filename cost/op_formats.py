@@ -12,6 +12,7 @@ Two things decide how an engine multiplies it:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -131,4 +132,6 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
 
 
 def is_formats_note(note: str) -> bool:
-    return note.startswith("formats")
+    """A note on the formats a step runs: the per-op formats, or a GEMM / MoE format's kernel model taken from
+    another fit (cost/estimate.py, "vLLM kernels: moe.fp8 from the NVIDIA H200 SXM fit (...)")."""
+    return note.startswith("formats") or re.match(r"^[\w.-]+ kernels: (gemm|moe)\.\w+ from ", note) is not None

@@ -157,3 +157,16 @@ def test_committed_h200_calibration_meets_the_accuracy_targets():
         assert statistics.median(e) <= 0.10, c
         # every scenario within 25% except at most one (see README: a measured MoE GEMM time below the bandwidth floor)
         assert sum(x > 0.25 for x in e) <= 1, c
+
+
+def test_a_borrowed_kernel_model_is_noted_only_where_the_step_runs_it():
+    """H100's FP8 MoE model is H200's fit (hw_profiles/h100.json `carried`): a step with FP8 experts says so, in a
+    note the serving commands keep with the formats notes; a dense bf16 step does not mention it."""
+    from cost.op_formats import is_formats_note
+    h100 = load_profile("h100")
+    moe = estimate(trace("qwen3-30b-a3b", Request(8, 1, 512), TraceOptions(dtype="fp8")), h100, engine="vllm")
+    borrowed = [n for n in moe.notes if "moe.fp8 from the NVIDIA H200 SXM fit" in n]
+    assert len(borrowed) == 1 and is_formats_note(borrowed[0])
+    dense = estimate(trace("llama-3.2-1b", Request(8, 1, 512)), h100, engine="vllm")
+    assert not any("moe.fp8" in n for n in dense.notes)
+    assert not is_formats_note("vLLM kernels: fitted by python -m cost.calibrate --kernel-db on ...")
