@@ -261,7 +261,10 @@ def _contradicted(r: dict, measured: dict) -> dict:
             or not (r.get("dataset") or "").lower().startswith("random") \
             or not all(m in measured for m in ("ttft_ms", "tpot_ms", "output_tok_s")):
         return {}
-    bound = n * osl / ((measured["ttft_ms"] + (osl - 1) * measured["tpot_ms"]) / 1e3)
+    mean_request_s = (measured["ttft_ms"] + (osl - 1) * measured["tpot_ms"]) / 1e3
+    if mean_request_s <= 0:
+        return {}
+    bound = n * osl / mean_request_s
     if measured["output_tok_s"] <= bound * SELF_CONSISTENCY_MARGIN:
         return {}
     return {"output_tok_s": f"{measured['output_tok_s']:.0f} output tokens/s, {measured['output_tok_s'] / bound:.1f}x "

@@ -113,5 +113,7 @@ def test_a_burst_throughput_its_own_latencies_rule_out_is_set_aside_not_scored()
     assert "2970" in run.set_aside["output_tok_s"]
     kept, _ = map_row({**random, "output_tok_s": 2900.0})
     assert kept.measured["output_tok_s"] == 2900.0 and not kept.set_aside
+    instant, _ = map_row({**random, "ttft_ms": {"mean": 0.0}, "tpot_ms": {"mean": 0.0}})
+    assert "output_tok_s" in instant.measured and not instant.set_aside       # no bound to hold it to
     sharegpt, _ = map_row({**ROW, "dataset": "ShareGPT", "output_tok_s": 10400.0})
     assert sharegpt.measured["output_tok_s"] == 10400.0 and not sharegpt.set_aside
