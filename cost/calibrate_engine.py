@@ -111,7 +111,10 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     cal = replace(cal, quant=quant, elementwise=replace(quant, row_ns=0.0))
 
     keep = base if (only is not None and base is not None) else None
-    sections = {name: dict(getattr(keep, name)) if keep else {}
+    # a format the base takes from another fit (its profile's `carried`, or this device's default engine) stays
+    # where it comes from: written back, it would read as this device's own fit
+    taken = {t.split(" from ", 1)[0] for t in keep.inherited} if keep else set()
+    sections = {name: {k: v for k, v in getattr(keep, name).items() if f"{name}.{k}" not in taken} if keep else {}
                 for name in ("gemm", "prefill_attention", "decode_attention", "moe", "allreduce")}
     for name in ("gemm", "prefill_attention", "decode_attention", "moe", "custom_allreduce", "nccl"):
         if name not in tables:
@@ -139,7 +142,8 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
             _store(sections, key, params)
             say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
     return replace(cal, gemm=sections["gemm"], prefill_attention=sections["prefill_attention"],
-                   decode_attention=sections["decode_attention"], moe=sections["moe"], allreduce=sections["allreduce"])
+                   decode_attention=sections["decode_attention"], moe=sections["moe"], allreduce=sections["allreduce"],
+                   carried=base.carried if base is not None else {})
 
 
 def _start(key: tuple, base: EngineCalibration | None):

@@ -329,6 +329,20 @@ def test_a100_vllm_prices_4bit_moe_on_the_marlin_kernel_sglangs_a100_table_times
     assert seconds < bf16 / 2        # 0.53 of a byte a weight on Marlin's 16-row tiles, not bf16's padded ones
 
 
+def test_a_refit_keeps_carried_and_inherited_formats_where_they_come_from():
+    """A refit of some tables over a profile whose section carries a format (H100's FP8 MoE from H200) or takes one
+    from the device's vLLM fit (SGLang's) writes back the carried spec, not a copy that would read as its own fit."""
+    from cost.calibrate_engine import calibrate
+    h100 = load_profile("h100")
+    for engine in ("vllm", "sglang"):
+        base = h100.engine(engine)
+        cal = calibrate({}, h100, engine, "test refit", base=base, only=set())
+        assert "fp8" in base.moe and "fp8" not in cal.moe and cal.carried == base.carried
+        assert "bf16" in cal.moe
+    assert calibrate({}, h100, "vllm", "test", base=h100.engine("vllm"), only=set()).to_json()["carried"] == \
+        h100.engine("vllm").carried
+
+
 def test_a_format_carried_from_a_sibling_fit_is_used_and_said(tmp_path):
     """H100's tables lack the FP8 MoE kernel the engines run; its profile carries H200's fit of it, the notes
     say so, SGLang on H100 takes it through this device's vLLM fit, and a carried format a sibling lacks is a
