@@ -231,7 +231,8 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
         used = {("moe" if k.op is not None and k.op.experts is not None else "gemm", f.kernel)
                 for k, f in zip(kernels, formats) if f is not None}
-        notes += [f"{ENGINES[engine].label} kernels: {s}" for s in cal.inherited if _inherited_used(s, used)]
+        notes += [f"{ENGINES[engine].label} kernels: {key} from {where}" for key, where in cal.taken_from.items()
+                  if _inherited_used(key, used)]
         if any(k.op is not None and k.op.state is not None for k in kernels):
             notes.append("recurrent mixer kernels (SSM scans, linear attention, short convolutions): roofline "
                          "estimate (cost/recurrent.py), no fitted engine kernel model")
@@ -289,9 +290,9 @@ def host_seconds(trace: Trace, execution: str, launches: int, hw: HardwareProfil
     return 0.0
 
 
-def _inherited_used(taken: str, used: set) -> bool:
-    """Whether a step uses an inherited model (`moe.fp8 from ...`): a GEMM or MoE format only where the step
-    runs that format; other sections (attention, collectives, streams) always."""
-    section, _, fmt = taken.split(" ", 1)[0].partition(".")
+def _inherited_used(key: str, used: set) -> bool:
+    """Whether a step uses an inherited model (`moe.fp8`): a GEMM or MoE format only where the step runs that
+    format; other sections (attention, collectives, streams) always."""
+    section, _, fmt = key.partition(".")
     return section not in ("gemm", "moe") or not fmt or (section, fmt) in used
 

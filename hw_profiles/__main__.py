@@ -33,10 +33,9 @@ def fit_status(hw, engine: str) -> str:
         return "refused"
     origin = kernel_origin(hw, engine)
     if not origin.carried_over:
-        raw = (hw.engines_data or {}).get(engine) or {}
         carried = [f"{key} from {spec['from'] if spec['from'] != hw.key else 'this device'}"
                    + (f" ({spec['engine']})" if spec.get("engine") else "")
-                   for key, spec in (raw.get("carried") or {}).items()]
+                   for key, spec in hw.engine(engine).carried.items()]
         return "fitted" + (f" ({', '.join(carried)})" if carried else "")
     fitted, kernels_engine, scaled = kernels_fitted_on(hw, engine)
     where = "this device" if fitted is not None and fitted.key == hw.key else (fitted.key if fitted else "none")

@@ -37,6 +37,11 @@ class EngineCalibration:
                                                   # it, taken from a sibling device's fit of the same engine, or
                                                   # from another engine's fit that times the same kernel
 
+    @property
+    def taken_from(self) -> dict[str, str]:
+        """{"section.format" (or "section"): where} for every model this calibration takes from another fit."""
+        return dict(t.split(" from ", 1) for t in self.inherited)
+
     def merged_over(self, base: "EngineCalibration", base_label: str) -> "EngineCalibration":
         """Fill what this calibration lacks from `base`, recording which sections were inherited."""
         taken = []
@@ -45,7 +50,7 @@ class EngineCalibration:
             mine, theirs = getattr(self, name), getattr(base, name)
             if isinstance(mine, dict):
                 missing = {k: v for k, v in theirs.items() if k not in mine}
-                theirs_from = {t.split(" from ", 1)[0]: t.split(" from ", 1)[1] for t in base.inherited}
+                theirs_from = base.taken_from
                 taken += [f"{name}.{k} from {base_label}"
                           + (f", which takes it from {theirs_from[f'{name}.{k}']}" if f"{name}.{k}" in theirs_from
                              else "") for k in missing]
