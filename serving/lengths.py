@@ -96,6 +96,16 @@ class LengthDistribution:
         rng.shuffle(order)
         return [order[k % len(order)] for k in range(n)]
 
+    def stratified(self, n: int, seed: int = 0) -> list[tuple[int, int]]:
+        """`n` requests at evenly spaced quantiles of the output lengths (inputs go with their pair), in a shuffled
+        order: the expected sample of n, whose longest outputs sit where the longest of n random draws sits on
+        average rather than where one draw puts them (a burst ends with its longest outputs)."""
+        order = sorted(self.pairs, key=lambda p: (p[1], p[0]))
+        m = len(order)
+        picked = [order[min(m - 1, int((k + 2 / 3) / (n + 1 / 3) * m))] for k in range(n)]
+        random.Random(seed).shuffle(picked)
+        return picked
+
     def scaled(self, output_mean: float, input_mean: float | None = None) -> LengthDistribution:
         """The same shape with outputs stretched to `output_mean` (a run whose model writes longer answers than
         the dataset's references: MLPerf Llama-2-70B runs average 291 output tokens, its reference outputs 219),

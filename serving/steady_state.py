@@ -472,7 +472,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         """(prompt tokens to prefill, output tokens) of each of `count` walked requests."""
         if lengths is None:
             return [(prompts[0][1], int(o))] * count
-        return [(max(1, i - cached_tokens), out) for i, out in lengths.sample(count)]
+        return [(max(1, i - cached_tokens), out) for i, out in lengths.stratified(count)]
 
     def full_step_recompute(recompute: float) -> float:
         """At a full batch its decoding requests complete n a / O a step, each bringing its share of the

@@ -29,8 +29,9 @@ BLOCK = 16
 
 def fixed_requests(n: int, input_tokens: int, output_tokens: int, cached_tokens: int, arrivals: list[float],
                    lengths: LengthDistribution | None = None, seed: int = 0) -> list[SimRequest]:
-    """`n` requests arriving at `arrivals`; with `lengths`, each request's lengths drawn from it."""
-    sizes = lengths.sample(n, seed) if lengths is not None else [(input_tokens, output_tokens)] * n
+    """`n` requests arriving at `arrivals`; with `lengths`, the expected sample of n (the requests the model's walk of
+    a burst prices), in an order the seed shuffles."""
+    sizes = lengths.stratified(n, seed) if lengths is not None else [(input_tokens, output_tokens)] * n
     out = []
     for i, (prompt, output) in enumerate(sizes):
         cached = min(cached_tokens, prompt - 1)

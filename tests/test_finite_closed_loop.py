@@ -48,8 +48,8 @@ def _searcher(lengths=None):
 @pytest.mark.parametrize("lengths", [None, "mlperf-llama2-70b"])
 def test_a_finite_closed_loop_agrees_with_the_event_simulation(lengths):
     """80 requests by 8 users on one H100: the walked run's tokens/s is the event simulator's within 4%. With MLPerf's
-    spread of outputs the last requests drain alone and the run loses 5%+ against its steady state (7% here);
-    with fixed lengths at most a few percent."""
+    spread of outputs the last requests drain alone and the run loses more against its steady state (4% here, from
+    the expected sample of 80: serving/lengths.py stratified) than with fixed lengths (1.4%)."""
     s = _searcher(bundled(lengths) if lengths else None)
     layout, load = Layout(1), Load(CONCURRENCY, 8, requests=80)
     cost = s.cost(layout)
@@ -62,7 +62,7 @@ def test_a_finite_closed_loop_agrees_with_the_event_simulation(lengths):
     assert sim["requests"] == 80
     assert finite.output_tokens_per_s == pytest.approx(sim["output_tokens_per_s"], rel=0.04)
     loss = finite.output_tokens_per_s / endless.output_tokens_per_s
-    assert (loss < 0.95) if lengths else (0.95 < loss < 1.0)
+    assert (loss < 0.975) if lengths else (0.975 < loss < 1.0)
     assert "80 requests by 8 users" in finite.note and finite.ttft_s == endless.ttft_s
 
 

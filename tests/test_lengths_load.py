@@ -87,6 +87,25 @@ def test_burst_of_a_mix_ends_with_its_longest_outputs():
     assert b.output_tokens_per_s < 0.8 * a.output_tokens_per_s
 
 
+def test_a_burst_takes_the_expected_sample_of_its_lengths():
+    """A burst of n is priced on n requests at the output quantiles where the order statistics of n random draws
+    have their medians: its mean output is the set's (one random draw of 1,000 ShareGPT requests runs 2% long), and
+    its longest outputs are those that half of all draws exceed, whatever the seed."""
+    d = read_lengths("sharegpt-vllm-bench")
+    picked = d.stratified(1000)
+    assert len(picked) == 1000 and picked == d.stratified(1000)
+    outputs = sorted(o for _, o in picked)
+    assert sum(outputs) / 1000 == pytest.approx(d.mean_output, rel=0.01)
+    assert sum(i for i, _ in picked) / 1000 == pytest.approx(d.mean_input, rel=0.04)
+    everything = d.outputs()
+    assert outputs[-1] == everything[int((1000 - 1 / 3) / (1000 + 1 / 3) * len(everything))]
+    for k in (1, 2, 5):     # the k-th longest of 60 random draws: as many above the expected sample's as below
+        kth = sorted(sorted((o for _, o in d.sample(1000, seed)), reverse=True)[k - 1] for seed in range(60))
+        assert kth[15] <= outputs[-k] <= kth[45]
+    assert sorted(d.stratified(d.requests)) == sorted(d.pairs)       # n of n: every request once
+    assert sorted(o for _, o in d.stratified(1000, seed=3)) == outputs     # the seed orders, never picks
+
+
 def test_a_burst_through_an_engine_that_holds_one_request_is_walked():
     # the KV cache holds one 32k-token request at a time: no steady state (no room for n + 1 running), so the
     # burst is walked one request after another instead of priced over a rate of ~0 (issue 19: a 1e21 ms TTFT)
