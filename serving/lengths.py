@@ -86,20 +86,11 @@ class LengthDistribution:
         reps = [((1 - top) / count, values[min(n - 1, int((k + 0.5) / count * n))]) for k in range(count)]
         return reps + [(top, self.longest(which))]
 
-    def sample(self, n: int, seed: int = 0) -> list[tuple[int, int]]:
-        """`n` requests drawn from the distribution: every request of a file in a shuffled order, cycled when n
-        exceeds it; from a summary, its pairs drawn at random."""
-        rng = random.Random(seed)
-        if self.summarised:
-            return [self.pairs[rng.randrange(len(self.pairs))] for _ in range(n)]
-        order = list(self.pairs)
-        rng.shuffle(order)
-        return [order[k % len(order)] for k in range(n)]
-
     def stratified(self, n: int, seed: int = 0) -> list[tuple[int, int]]:
-        """`n` requests at evenly spaced quantiles of the output lengths (inputs go with their pair), in a shuffled
-        order: the expected sample of n, whose longest outputs sit where the longest of n random draws sits on
-        average rather than where one draw puts them (a burst ends with its longest outputs)."""
+        """The expected sample of `n` requests, in an order the seed shuffles: the requests at the output quantiles
+        (k - 1/3) / (n + 1/3), k = 1..n, where the k-th shortest of n random draws has its median (each with its
+        own prompt), so its longest outputs are those half of all draws exceed rather than where one draw puts
+        them (a burst ends with its longest outputs). n of n takes every request once."""
         order = sorted(self.pairs, key=lambda p: (p[1], p[0]))
         m = len(order)
         picked = [order[min(m - 1, int((k + 2 / 3) / (n + 1 / 3) * m))] for k in range(n)]
