@@ -203,6 +203,13 @@ def add_streaming_argument(p: argparse.ArgumentParser) -> None:
                         "stream_us; vLLM's and SGLang's per-request terms were fitted on streaming runs)")
 
 
+def add_endpoint_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                   help="what the clients post to the engine's HTTP server: chat completions (default), each rendered "
+                        "from the model's chat template in the server's one process (vLLM parses the template per "
+                        "request: its fitted chat_template_ms), or completions of a ready prompt")
+
+
 def add_capacity_scheduler_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity-scheduler", default=None, choices=CAPACITY_SCHEDULERS["trtllm"],
                    help="TensorRT-LLM's KV admission policy (default guaranteed_no_evict: a request is admitted "

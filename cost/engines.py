@@ -51,6 +51,9 @@ class Engine:
     # any other group runs its multi-head kernel, a CTA per query head, with kernel models of its own (the
     # `<kv>_mha` decode sets). None: one decode kernel for every group
     gqa_decode_groups: tuple[int, int] | None = None
+    # model types whose chat requests the engine's HTTP server renders without the model's Jinja chat template
+    # (ServingOverheads.chat_template_ms)
+    own_chat_renderers: tuple[str, ...] = ()
 
     def decode_kernel(self, group: float, kv_shares_storage: bool = False) -> str:
         """'mha' where the engine runs a query-head group's decode on its multi-head kernel, else ''. MLA's absorbed
@@ -91,7 +94,9 @@ class Engine:
 # disabled on more than two PCIe-only GPUs). SGLang ships the same kernel (sgl-kernel custom_all_reduce).
 # TensorRT-LLM: its AllReduce plugin's one-/two-shot kernels serve up to the same order of message size.
 ENGINES: dict[str, Engine] = {
-    "vllm": Engine("vllm", "vLLM", custom_allreduce_max_bytes=8 * 2**20),
+    # vLLM renders gpt-oss chats with openai_harmony, not a Jinja template (vllm/entrypoints/openai/serving_chat.py:
+    # use_harmony where the model type is gpt_oss)
+    "vllm": Engine("vllm", "vLLM", custom_allreduce_max_bytes=8 * 2**20, own_chat_renderers=("gpt_oss",)),
     "sglang": Engine("sglang", "SGLang", custom_allreduce_max_bytes=8 * 2**20),
     # TensorRT-LLM's FP8 checkpoints (ModelOpt) carry static activation scales: RMSNorm, SwiGLU and the attention
     # kernels write FP8 directly
@@ -143,6 +148,11 @@ class ServingOverheads(ParamSet):
     # Python process: a burst enters the engine at this pace, and no stream of more than 1000 / frontend_ms
     # requests/s per server process is served. Only requests that come through the server pay it.
     frontend_ms: float = param(0.0, 0.0, 50.0, "serial per-request work of the HTTP server's process, ms")
+    # A chat request's prompt is rendered from the model's Jinja chat template in that same process. vLLM parses
+    # the template on every request (its content-format detection and the template's variables,
+    # vllm/entrypoints/chat_utils.py; vLLM PR #19735 measures 3x the requests/s of Qwen3-0.6B with the detection
+    # skipped); a model the engine renders with a renderer of its own skips it (Engine.own_chat_renderers)
+    chat_template_ms: float = param(0.0, 0.0, 50.0, "per chat request rendered from a Jinja chat template, ms")
     # A client that streams (MLPerf Server/Interactive's token latencies, an HTTP client's stream=true) gets a
     # response for every running request after every step: the engine builds it and hands it to its caller
     # inside the step loop. Steps of the same batch cost more in MLPerf Server than in Offline; this is that.

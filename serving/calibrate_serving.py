@@ -111,7 +111,7 @@ class ServingModel:
             Load(CONCURRENCY if m.load == CONCURRENCY else "rate", m.load_value)
         # `vllm bench serve` runs come through the HTTP server; the offline scripts and MLPerf harnesses do not
         through_server = m.format == "vllm_serve" or m.settings.api_server
-        frontend_s = cost.overheads.frontend_ms * 1e-3 / max(1, m.settings.api_servers) if through_server else 0.0
+        frontend_s = cost.intake_s(m.chat_requests) / max(1, m.settings.api_servers) if through_server else 0.0
         lengths = bundled_for_run(m.lengths, osl, isl) if m.lengths else None
         state = solve(cost.steady, isl, osl, 0, load, limits, cost.overheads.request_ms * 1e-3,
                       frontend_s=frontend_s, lengths=lengths, tokens_per_step=cost.tokens_per_step)

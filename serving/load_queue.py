@@ -98,24 +98,6 @@ def _cells(shares: np.ndarray, running: np.ndarray, cells: int) -> tuple[tuple[f
     return tuple(p for p in out if p[0] > 1e-12)
 
 
-def md1_tail(rho: float, service_s: float) -> tuple[float, float]:
-    """The waiting time of an M/D/1 queue (Poisson arrivals at load rho, constant service) as an exponential tail
-    C exp(-theta t): theta the Cramer-Lundberg root of rho (e^x - 1) = x (x = theta x service), exact in the
-    tail, and C = (1 - rho) / (rho e^x - 1) its constant. Heavy traffic gives Kingman's exponential (C -> 1,
-    theta -> 2 (1 - rho) / service); light traffic the lighter tail of a queue that is rarely busy."""
-    if rho <= 0 or service_s <= 0:
-        return 0.0, 0.0
-    lo, hi = 1e-9, 60.0
-    for _ in range(80):
-        x = (lo + hi) / 2
-        if rho * math.expm1(x) > x:
-            hi = x
-        else:
-            lo = x
-    x = (lo + hi) / 2
-    return min(1.0, (1 - rho) / (rho * math.exp(x) - 1)), x / service_s
-
-
 def wait_tail_terms(waits: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The exponentials [(weight, rate)] whose sum is P(W > t), for W the sum of independent waits, each zero with
     probability 1 - b, else exponential at rate theta: [(b, theta), ...]. Over each subset of the waits present, the

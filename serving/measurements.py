@@ -125,6 +125,7 @@ class ServingMeasurement:
     measured: dict = field(default_factory=dict)   # output_tok_s, ttft_ms, tpot_ms, e2e_latency_ms (means)
     filled: tuple[str, ...] = ()                    # fields taken from RunFacts, not from the file
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
+    chat_requests: bool = False  # sent as chat completions (`vllm bench serve --backend openai-chat`)
 
     @property
     def streams(self) -> bool:
@@ -195,7 +196,9 @@ def parse_vllm_serve(data: dict, where: str, facts: RunFacts) -> list[ServingMea
         if data.get(key) is not None:
             measured[name] = _number(data, key, where)
     stated = {"model": data.get("model_id"), "isl": isl, "osl": osl, "engine": ENGINES.get(str(data.get("backend")))}
-    return [_record(where, "vllm_serve", stated, facts, measured, load, value)]
+    # its backend is the client's endpoint: vllm / openai post completions, openai-chat (and *-chat) chats
+    chat = "chat" in str(data.get("backend") or data.get("endpoint_type") or "")
+    return [replace(_record(where, "vllm_serve", stated, facts, measured, load, value), chat_requests=chat)]
 
 
 def parse_vllm_latency(data: dict, where: str, facts: RunFacts) -> list[ServingMeasurement]:

@@ -104,6 +104,7 @@ class PublishedRun:
     capacity_scheduler: str | None = None   # TensorRT-LLM's KV admission policy, as launched (None: the engine's)
     mixed_chunk: bool = False    # SGLang launched with --enable-mixed-chunk
     set_aside: dict = field(default_factory=dict)    # {metric: why}: numbers the row's own others rule out
+    chat_requests: bool = True   # its client sent chat completions (the server renders each prompt; _chat_requests)
 
 
 def _engine(text: str) -> str | None:
@@ -285,6 +286,17 @@ def _prefix_hit_rate(r: dict) -> float:
     return min(1.0, max(0.0, float(rate))) if isinstance(rate, (int, float)) else 0.0
 
 
+def _chat_requests(r: dict) -> bool:
+    """Whether the run's client sent chat completions. A row that names a chat client (`--backend openai-chat`,
+    `/v1/chat/completions`) did; one whose launch line runs `vllm bench serve` without one sent completions (its
+    default backend, /v1/completions); a row silent on its client is taken as chat, what OpenAI-compatible
+    clients send."""
+    text = " ".join(str(r.get(k) or "") for k in ("engine_flags", "notes", "dataset"))
+    if re.search(r"openai-chat|chat/completions", text):
+        return True
+    return not re.search(r"\bvllm\s+bench\s+serve\b", r.get("engine_flags") or "")
+
+
 def _load(r: dict, replicas: int) -> Load:
     requests = int(r.get("num_requests") or 0)
     if r["mode"] == "offline_batch":
@@ -331,7 +343,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         flags.api_servers if flags.api_server else 0,
         _speculation(r["spec_decode"], engine)[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
         streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler,
-        mixed_chunk=flags.mixed_chunk, set_aside=set_aside)
+        mixed_chunk=flags.mixed_chunk, set_aside=set_aside, chat_requests=_chat_requests(r))
     return run, None
 
 
@@ -415,7 +427,7 @@ class Predictor:
                 raise ValueError(f"the KV cache holds {limits.kv_tokens} tokens, less than one request's "
                                  f"{need:.0f} (weights, reserve and activations leave too little memory)")
             # one server process takes in every replica's requests (each replica sees 1/replicas of them)
-            frontend_s = cost.overheads.frontend_ms * 1e-3 * run.replicas / run.api_servers if run.api_servers else 0.0
+            frontend_s = cost.intake_s(run.chat_requests) * run.replicas / run.api_servers if run.api_servers else 0.0
             state = solve(cost.steady, run.isl, run.osl, self.cached_tokens(run, cost), run.load, limits,
                           cost.overheads.request_ms * 1e-3, lengths=lengths, frontend_s=frontend_s,
                           tokens_per_step=cost.tokens_per_step)

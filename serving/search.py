@@ -68,6 +68,7 @@ class EngineSettings:
     speculation: Speculation | None = None   # speculative decoding (serving/speculative.py), None: none
     streams: bool = True                     # clients stream their tokens (cost/engines.py ServingOverheads.stream_us)
     capacity_scheduler: str | None = None    # TensorRT-LLM's KV admission policy (serving/capacity.py), None: default
+    chat_requests: bool = True               # clients send chat completions (StepCost.intake_s), else completions
 
 
 @dataclass
@@ -204,7 +205,7 @@ class Searcher:
         # each engine instance takes its requests in through its own HTTP server
         state = solve(cost.steady, self.w.input_tokens, self.w.output_tokens, self.w.cached_tokens, per_engine,
                       limits, cost.overheads.request_ms * 1e-3, self.w.shared_prefix_kv, self.w.lengths,
-                      cost.overheads.frontend_ms * 1e-3, cost.tokens_per_step, quantiles)
+                      cost.intake_s(self.settings.chat_requests), cost.tokens_per_step, quantiles)
         return state, limits, mem
 
     def mixed(self, layout: Layout, load: Load, probe: bool = False) -> Candidate:
@@ -315,7 +316,7 @@ class Searcher:
 
         def at(rate: float) -> SteadyState:   # TTFT's limit statistic only: what the bisection compares
             return solve(cost.steady, self.w.input_tokens, 1, self.w.cached_tokens, Load(RATE, rate), limits,
-                         cost.overheads.request_ms * 1e-3, frontend_s=cost.overheads.frontend_ms * 1e-3,
+                         cost.overheads.request_ms * 1e-3, frontend_s=cost.intake_s(self.settings.chat_requests),
                          quantiles=self._limit_quantiles)
 
         top = at(1e9).request_rate * 0.999
@@ -401,7 +402,7 @@ class Searcher:
         cost_p = self.cost(prefill)
         limits_p, mem_p = self.engine_limits(prefill)
         at = solve(cost_p.steady, self.w.input_tokens, 1, self.w.cached_tokens, Load(RATE, rate / p), limits_p,
-                   cost_p.overheads.request_ms * 1e-3, frontend_s=cost_p.overheads.frontend_ms * 1e-3)
+                   cost_p.overheads.request_ms * 1e-3, frontend_s=cost_p.intake_s(self.settings.chat_requests))
         ttft = {k: (v + transfer_s) * 1e3 for k, v in at.ttft_s.items()}
         tpot = tpot_s * 1e3
         o = self.w.output_tokens

@@ -16,6 +16,7 @@ from .engine import Engine, Seq
 from .kv_cache import make_cache
 from .metrics import SimResult
 from .routing import make_router
+from .server_intake import ServerIntake
 from .step_cost import StepCost
 from .workload import SimRequest
 
@@ -38,6 +39,7 @@ class ServerConfig:
     overlap_store: bool = True        # the GPU->CPU write-through runs beside compute, as both engines do it
     gpus_per_instance: int = 1
     api_server: bool = True           # each instance takes requests in through its HTTP server's one process
+    chat_requests: bool = True        # as chat completions, each rendered by the server (StepCost.intake_s)
     reserve_output: bool = False      # admit only with the whole sequence's blocks (TensorRT-LLM GUARANTEED_NO_EVICT)
 
     @property
@@ -69,11 +71,20 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
                       config, cpu, res, on_finish=arrivals.on_finish) for i in range(config.instances)]
     router = make_router(config.routing)
     fits = engines[0].cache.capacity_blocks
-    # an instance's HTTP server takes requests in one at a time (cost/engines.py ServingOverheads.frontend_ms):
-    # a routed request enters its engine once the server has taken it and those before it in
-    intake_s = cost.overheads.frontend_ms * 1e-3 if config.api_server else 0.0
-    server_free = [-float("inf")] * len(engines)
-    entering: list = []            # heap of (entry time, order, seq, engine)
+    # an instance's HTTP server takes each request in (StepCost.intake_s) in one event loop that shares its time
+    # among the requests it holds (serving/server_intake.py): a burst enters the engine together
+    intake_s = cost.intake_s(config.chat_requests) if config.api_server else 0.0
+    servers = [ServerIntake(intake_s) for _ in engines]
+    entering: list = []            # heap of (a server's next departure, order, engine index, that server's version)
+    version = [0] * len(engines)   # an arrival moves its server's next departure: older heap entries are stale
+    order = 0
+
+    def schedule(i: int) -> None:
+        nonlocal order
+        version[i] += 1
+        order += 1
+        if (t := servers[i].next_departure()) is not None:
+            heapq.heappush(entering, (t, order, i, version[i]))
     last_t, ticks = 0.0, 0
     while True:
         engine = _earliest(engines)
@@ -81,8 +92,11 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
         t_entry = entering[0][0] if entering else None
         if t_entry is not None and (t_arrival is None or t_entry <= t_arrival) and \
                 (engine is None or t_entry <= engine.clock):
-            _, _, seq, target = heapq.heappop(entering)
-            target.enqueue(seq, t_entry)
+            _, _, i, v = heapq.heappop(entering)
+            if v == version[i]:
+                for seq in servers[i].depart(t_entry):
+                    engines[i].enqueue(seq, t_entry)
+                schedule(i)
             continue
         if t_arrival is None and engine is None:
             break
@@ -96,8 +110,8 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
             seq = Seq(req, req.block_hashes if config.prefix_caching else [])
             target = router(engines, seq)
             if intake_s > 0:
-                server_free[target.index] = max(t_arrival, server_free[target.index]) + intake_s
-                heapq.heappush(entering, (server_free[target.index], req.rid, seq, target))
+                servers[target.index].arrive(t_arrival, seq)
+                schedule(target.index)
             else:
                 target.enqueue(seq, t_arrival)
             continue

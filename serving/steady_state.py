@@ -25,14 +25,16 @@ lengths, the KV admission the running mix (long outputs stay longer), TTFT each 
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 
 from .lengths import LengthDistribution, fixed_lengths
-from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, md1_tail, normal_mix_quantiles,
+from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, normal_mix_quantiles,
                          peakedness, ttft_quantiles)
 from .metrics import percentile
 from .preemption import OnDemandKV
+from .server_intake import server_entries, shared_wait_tail
 from .step_walk import walk as _walk
 
 RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
@@ -122,9 +124,10 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     `lengths`: per-request lengths; when given, input_tokens and output_tokens are ignored (its means are used,
     with its spread), and every request's first `cached_tokens` tokens hit the prefix cache. `frontend_s`: the
     serial per-request time of the HTTP server in front of this replica (cost/engines.py
-    ServingOverheads.frontend_ms): requests enter the engine one at a time at that pace. `tokens_per_step`: the
-    tokens a decoding request gains per step (speculative decoding's mean accepted tokens, serving/speculative.py;
-    `step` then prices a speculative step), 1 otherwise. `quantiles`: the TTFT and TPOT percentiles to compute
+    ServingOverheads.frontend_ms and chat_template_ms, StepCost.intake_s), which shares its time among the
+    requests it holds (serving/server_intake.py): a burst enters the engine together, once all of it is taken in.
+    `tokens_per_step`: the tokens a decoding request gains per step (speculative decoding's mean accepted tokens,
+    serving/speculative.py; `step` then prices a speculative step), 1 otherwise. `quantiles`: the TTFT and TPOT percentiles to compute
     beside the means (a search comparing means asks for none: inverting the distributions was a third of a solve);
     a finite run walked step by step reports them all. `recompute_tokens`: prefill tokens per request of the
     requests a full KV cache preempts (the solve sets it where the cache binds with requests waiting;
@@ -461,12 +464,11 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
                            rate * (input_tokens + o), limited, note, tpot, queue, described)
 
     def intake_wait(rate: float, poisson: bool) -> tuple[float, float]:
-        """A request's wait behind others at the HTTP server (Poisson arrivals at one server of constant service
-        time f): the M/D/1 wait's exponential tail, C exp(-theta t), as (C, theta) (serving/load_queue.py
-        md1_tail). Its own intake, f, comes on top."""
+        """A request's time at the HTTP server beyond its own intake f, shared with the others it holds (Poisson
+        arrivals; serving/server_intake.py): as the exponential tail C exp(-theta t), (C, theta)."""
         if frontend_s <= 0 or not poisson:
             return 0.0, 0.0
-        return md1_tail(min(rate * frontend_s, 0.98), frontend_s)
+        return shared_wait_tail(min(rate * frontend_s, 0.98), frontend_s)
 
     def walked_requests(count: int) -> list[tuple[int, int]]:
         """(prompt tokens to prefill, output tokens) of each of `count` walked requests."""
@@ -481,15 +483,13 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
     def walked(arrivals: list[float], steady: SteadyState, limited: str, note: str) -> SteadyState:
         requests = walked_requests(len(arrivals))
-        entries, last = [], -math.inf     # each enters the engine once the server has taken it (and those before) in
-        for a in arrivals:
-            last = max(a, last) + frontend_s
-            entries.append(last)
+        entries = server_entries(arrivals, frontend_s)
         walk = _walk(step, entries, requests, admit, budget, limits.chunked_prefill, tokens_per_step,
                      full_step_recompute(recompute_tokens), prefill_apart=limits.prefill_apart)
         delays = [e - a for a, e in zip(arrivals, entries)]
         if frontend_s > 0:
-            note += f"; the HTTP server takes one request in every {frontend_s * 1e3:.3g} ms"
+            note += (f"; the HTTP server takes each request in {frontend_s * 1e3:.3g} ms, sharing its time among "
+                     f"those it holds (a burst enters the engine together)")
         return _walked(walk, steady, request_overhead_s, requests, cached_tokens, limited, note, delays)
 
     def closed_loop() -> SteadyState:
@@ -528,13 +528,13 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             return replace(steady, note=_joined(steady.note, f"{load.requests} requests by {load.value:g} users: "
                                                              f"too long a run to walk, priced in its steady state"))
         spacing = 1.0 / load.send_rate if load.send_rate else 0.0
-        server_s = request_overhead_s + frontend_s      # a request's time in the server, outside the engine
-        arrivals = [server_s + i * spacing for i in range(load.requests)]
+        sends = [i * spacing for i in range(load.requests)]
         requests = walked_requests(load.requests)
-        _, _, makespan = _walk(step, arrivals, requests, admit, budget, limits.chunked_prefill, tokens_per_step,
-                               full_step_recompute(steady.recompute_tokens), users=users, resend_s=server_s,
-                               prefill_apart=limits.prefill_apart)
-        rate = load.requests / (makespan + server_s)     # the run starts at the first send, the walk at its entry
+        # each send passes the HTTP server (frontend_s, shared among the requests it holds) and request_overhead_s
+        _, _, makespan = _walk(step, sends, requests, admit, budget, limits.chunked_prefill, tokens_per_step,
+                               full_step_recompute(steady.recompute_tokens), users=users, resend_s=request_overhead_s,
+                               prefill_apart=limits.prefill_apart, intake_s=frontend_s)
+        rate = load.requests / makespan                  # from the first send to the last token
         mean_in = sum(i for i, _ in requests) / len(requests) + cached_tokens
         mean_out = sum(out for _, out in requests) / len(requests)
         paced = f", sent at {load.send_rate:g}/s" if load.send_rate else ", all ready at once"

@@ -106,6 +106,14 @@ class StepCost:
         self._overheads = value
         self._steady = {}
 
+    def intake_s(self, chat: bool = True) -> float:
+        """Seconds the engine's HTTP server spends in series on each request before handing it to the engine: its
+        fitted frontend_ms, and for a chat request chat_template_ms where the server renders the prompt from the
+        model's Jinja chat template (not where the engine renders this model type its own way)."""
+        o = self.overheads
+        rendered = chat and self.spec.config.get("model_type") not in ENGINES[self.engine].own_chat_renderers
+        return (o.frontend_ms + (o.chat_template_ms if rendered else 0.0)) * 1e-3
+
     def _trace(self, request: Request):
         """The trace of one step shape; a model with no KV cache has no step a serving engine runs."""
         traced = trace(self.spec, request, self.options)

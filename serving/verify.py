@@ -79,7 +79,8 @@ def simulate_candidate(searcher: Searcher, candidate: Candidate, load: Load, req
                           prefix_caching=w.cached_tokens > 0, instances=engines,
                           gpus_per_instance=layout.gpus // engines, cache_policy="vllm",
                           reserve_output=reserves_whole_output(searcher.settings.engine,
-                                                               searcher.settings.capacity_scheduler))
+                                                               searcher.settings.capacity_scheduler),
+                          chat_requests=searcher.settings.chat_requests)
     for r in reqs:
         r.hash_blocks(BLOCK)
     arrivals = ClosedLoopArrivals(reqs, int(load.value)) if load.kind == CONCURRENCY else None
@@ -121,7 +122,8 @@ def simulate_disagg_candidate(searcher: Searcher, candidate: Candidate, load: Lo
         ServerConfig(block_size=BLOCK, gpu_blocks=max(2, limits_p.kv_tokens // BLOCK + 1),
                      max_prefill_tokens=limits_p.max_batched_tokens, max_running=limits_p.max_num_seqs,
                      prefix_caching=w.cached_tokens > 0, instances=candidate.prefill_instances,
-                     gpus_per_instance=pre_one.gpus, cache_policy="vllm"),
+                     gpus_per_instance=pre_one.gpus, cache_policy="vllm",
+                     chat_requests=searcher.settings.chat_requests),
         candidate.decode_instances, limits_d.max_num_seqs, limits_d.kv_tokens, kv_per_token,
         searcher.hw.interconnect_bandwidth_gbps * 1e9)
     for r in reqs:

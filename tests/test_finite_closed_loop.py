@@ -48,21 +48,23 @@ def _searcher(lengths=None):
 @pytest.mark.parametrize("lengths", [None, "mlperf-llama2-70b"])
 def test_a_finite_closed_loop_agrees_with_the_event_simulation(lengths):
     """80 requests by 8 users on one H100: the walked run's tokens/s is the event simulator's within 4%. With MLPerf's
-    spread of outputs the last requests drain alone and the run loses more against its steady state (4% here, from
-    the expected sample of 80: serving/lengths.py stratified) than with fixed lengths (1.4%)."""
+    spread of outputs the last requests drain alone (the run keeps 0.956 of its steady state, from the expected
+    sample of 80: serving/lengths.py stratified); with fixed lengths the 8 users finish together and their next
+    requests share the HTTP server, a chat's 12 ms intake each (0.924)."""
     s = _searcher(bundled(lengths) if lengths else None)
     layout, load = Layout(1), Load(CONCURRENCY, 8, requests=80)
     cost = s.cost(layout)
     limits, _ = s.engine_limits(layout)
     args = (cost.steady, s.w.input_tokens, s.w.output_tokens, 0)
-    kwargs = dict(lengths=s.w.lengths, frontend_s=cost.overheads.frontend_ms * 1e-3)
+    kwargs = dict(lengths=s.w.lengths, frontend_s=cost.intake_s())
     finite = solve(*args, load, limits, cost.overheads.request_ms * 1e-3, **kwargs)
     endless = solve(*args, replace(load, requests=0), limits, cost.overheads.request_ms * 1e-3, **kwargs)
     sim = simulate_candidate(s, s.mixed(layout, load), load)
     assert sim["requests"] == 80
     assert finite.output_tokens_per_s == pytest.approx(sim["output_tokens_per_s"], rel=0.04)
     loss = finite.output_tokens_per_s / endless.output_tokens_per_s
-    assert (loss < 0.975) if lengths else (0.975 < loss < 1.0)
+    assert loss < 0.975     # the drain; with fixed lengths the users also finish together, and their next
+    #                         requests share the HTTP server (serving/server_intake.py)
     assert "80 requests by 8 users" in finite.note and finite.ttft_s == endless.ttft_s
 
 

@@ -64,7 +64,8 @@ def test_prefix_hits_shorten_prefill_not_decode():
     # without the HTTP server's intake, which caps a small model's prefill pool at 1 / frontend_ms either way
     cold, warm = searcher(0.0), searcher(0.5)
     for s in (cold, warm):
-        s.settings = replace(s.settings, overheads=replace(s.cost(Layout(1)).overheads, frontend_ms=0.0))
+        s.settings = replace(s.settings, overheads=replace(s.cost(Layout(1)).overheads, frontend_ms=0.0,
+                                                               chat_template_ms=0.0))
         s._costs.clear()
     lay, load = Layout(1), Load(RATE, 20.0)
     a, b = cold.mixed(lay, load), warm.mixed(lay, load)

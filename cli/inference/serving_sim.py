@@ -39,7 +39,8 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from ..common import (MAX_BATCH_TOKENS, MAX_REQUESTS, MAX_RUNNING, MAX_SIM_STEPS, MAX_SIM_TOKENS, ArgumentParser,
-                      add_capacity_scheduler_argument, add_speculation_arguments, add_streaming_argument,
+                      add_capacity_scheduler_argument, add_endpoint_argument, add_speculation_arguments,
+                      add_streaming_argument,
                       check_capacity_scheduler, speculations,
                       Layout, add_device_arguments, add_model_arguments, check_layout_or_fail, check_plot_path,
                       dumps_strict, finite_float, load_device, model_spec, origin_notes, positive_int,
@@ -72,7 +73,7 @@ def server_config(args, spec, hw, options) -> ServerConfig:
                         max_prefill_tokens=args.max_prefill_tokens, max_running=args.max_running,
                         block_bytes=block_bytes, host_link_bytes_per_s=hw.host_link_bandwidth_gbps * 1e9,
                         cache_policy=args.cache_policy, instances=args.instances, routing=args.routing,
-                        api_server=args.api_server,
+                        api_server=args.api_server, chat_requests=args.endpoint == "chat",
                         reserve_output=args.execution == "engine" and reserves_whole_output(args.engine,
                                                                                              args.capacity_scheduler))
 
@@ -223,7 +224,7 @@ def run(args) -> dict:
         price = gpu_price(hw, args.gpu_hour_price)
         d = disagg_run.run(args, spec, hw, options, requests, config, cost, price)
         return {"model": spec.name, "device": hw.name, "tp_size": args.tp_size, "workload": args.workload,
-                "num_requests": len(requests), "engine": args.engine, "streams": args.stream,
+                "num_requests": len(requests), "engine": args.engine, "streams": args.stream, "endpoint": args.endpoint,
                 "step_overheads": cost.overhead_origin,
                 "load": _load_label(args), "disaggregated": d, "price_note": price.note if price else NO_PRICE,
                 "warnings": list(report.warnings) + d["run"]["overload"],
@@ -248,7 +249,7 @@ def run(args) -> dict:
            "price_note": price.note if price else NO_PRICE,
            "num_requests": len(requests), "block_size": config.block_size, "block_bytes": config.block_bytes,
            "cache_policy": config.cache_policy, "instances": config.instances, "routing": config.routing,
-           "time_scale": args.time_scale, "engine": args.engine, "streams": args.stream,
+           "time_scale": args.time_scale, "engine": args.engine, "streams": args.stream, "endpoint": args.endpoint,
            "kv_admission": kv_admission(args.engine, args.capacity_scheduler) if args.execution == "engine" else None,
            "scheduling": PREFILL_APART_NOTE if args.execution == "engine" and cost.defaults.prefill_apart else None,
            "step_overheads": cost.overhead_origin,
@@ -447,6 +448,7 @@ def main(argv=None) -> int:
     add_device_arguments(p)
     add_speculation_arguments(p)
     add_streaming_argument(p)
+    add_endpoint_argument(p)
     p.add_argument("--no-api-server", dest="api_server", action="store_false", default=True,
                    help="requests reach the engine directly (an offline LLM(...) run), not through its HTTP "
                         "server's one-at-a-time intake (the engine's fitted frontend_ms; docs/engines.md)")

@@ -35,7 +35,7 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, MAX_TOKENS, ArgumentParser,
-                      add_capacity_scheduler_argument, add_device_arguments, add_model_arguments,
+                      add_capacity_scheduler_argument, add_device_arguments, add_endpoint_argument, add_model_arguments,
                       add_speculation_arguments, add_streaming_argument, check_capacity_scheduler, check_plot_path,
                       dumps_strict, hit_rate, limit_ms, load_device, model_spec, origin_notes, positive_int,
                       quiet_broken_pipe, run_main, speculations, trace_options, warn)
@@ -149,7 +149,7 @@ def optimize(args, on_progress=None) -> dict:
                          "--tpot-limit")
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
                               release=args.engine_release, streams=args.stream,
-                              capacity_scheduler=args.capacity_scheduler)
+                              capacity_scheduler=args.capacity_scheduler, chat_requests=args.endpoint == "chat")
     searcher = Searcher(spec, hw, options, workload, settings, limits)
     drafts = speculations(args)
     if drafts and args.mode == DISAGG:
@@ -232,6 +232,7 @@ def optimize(args, on_progress=None) -> dict:
         "scale_up_domains": math.ceil(num_devices / hw.scale_up_gpus), "scale_up_gpus": hw.scale_up_gpus,
         "mode": args.mode, "execution": args.execution,
         "engine": args.engine if args.execution == "engine" else None, "streams": args.stream,
+        "endpoint": args.endpoint,
         "kv_admission": kv_admission(args.engine, args.capacity_scheduler) if args.execution == "engine" else None,
         "load": {"kind": load.kind, "value": load.value if load.kind != MAX else None,
                  "arrival": load.arrival if load.kind == RATE else None, "requests": load.requests or None},
@@ -496,6 +497,7 @@ def main(argv=None) -> int:
                    help="print the best layout as this engine's launch command")
     add_speculation_arguments(p, several_k=True)
     add_streaming_argument(p)
+    add_endpoint_argument(p)
     p.add_argument("--top", type=typed(_top), default=10, help=f"candidates to show (default 10, at most {MAX_TOP})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_model_arguments(p)
