@@ -46,6 +46,11 @@ class BatchLaw:
     def mean_wait(self) -> float:
         return self.queued / self.wait_rate if self.wait_rate > 0 else math.inf
 
+    @property
+    def admission(self) -> "Wait":
+        """A request's wait for a slot: queued with probability `queued`, then exponential (Erlang C)."""
+        return Wait.exponential(self.queued, self.wait_rate)
+
 
 def peakedness(arrival_variation: float, residence_variation: float) -> float:
     """z of an infinite-server queue (Whitt): arrivals' squared CV c_a^2, residence squared CV c_s^2."""
@@ -98,16 +103,37 @@ def _cells(shares: np.ndarray, running: np.ndarray, cells: int) -> tuple[tuple[f
     return tuple(p for p in out if p[0] > 1e-12)
 
 
-def wait_tail_terms(waits: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The exponentials [(weight, rate)] whose sum is P(W > t), for W the sum of independent waits, each zero with
-    probability 1 - b, else exponential at rate theta: [(b, theta), ...]. Over each subset of the waits present, the
-    sum of their exponentials has the hypoexponential tail sum_i exp(-theta_i t) prod_(j != i) theta_j /
-    (theta_j - theta_i) (equal rates are parted by a thousandth, which moves no quantile that matters)."""
-    waits = [(b, th) for b, th in waits if b > 0 and th > 0 and math.isfinite(th)]
+@dataclass(frozen=True)
+class Wait:
+    """A wait that is zero with probability 1 - `present`, else the sum of independent exponential stages at
+    `rates` (1/s each): one stage is the exponential tail of a queue, several a wait less variable than that."""
+    present: float
+    rates: tuple[float, ...] = ()
+
+    @classmethod
+    def exponential(cls, present: float, rate: float) -> "Wait":
+        return cls(present, (rate,))
+
+    @property
+    def mean(self) -> float:
+        if self.present <= 0 or not self.rates or not all(r > 0 for r in self.rates):
+            return 0.0
+        return self.present * sum(1 / r for r in self.rates)
+
+
+NO_WAIT = Wait(0.0)
+
+
+def wait_tail_terms(waits: list[Wait]) -> list[tuple[float, float]]:
+    """The exponentials [(weight, rate)] whose sum is P(W > t), for W the sum of independent waits. Over each
+    subset of the waits present, the sum of their stages has the hypoexponential tail sum_i exp(-theta_i t)
+    prod_(j != i) theta_j / (theta_j - theta_i) (equal rates are parted by a thousandth, which moves no quantile
+    that matters)."""
+    waits = [w for w in waits if w.mean > 0 and all(math.isfinite(r) for r in w.rates)]
     terms = []
     for present in itertools.product((False, True), repeat=len(waits)):
-        p = math.prod(b if on else 1 - b for (b, _), on in zip(waits, present))
-        rates = sorted(th for (_, th), on in zip(waits, present) if on)
+        p = math.prod(w.present if on else 1 - w.present for w, on in zip(waits, present))
+        rates = sorted(r for w, on in zip(waits, present) if on for r in w.rates)
         if not rates or p == 0:
             continue
         for k in range(1, len(rates)):
@@ -125,12 +151,12 @@ def _tail(t: np.ndarray, terms: list[tuple[float, float]]) -> np.ndarray:
     return np.clip(above, 0.0, 1.0)
 
 
-def waits_above(t: np.ndarray, waits: list[tuple[float, float]]) -> np.ndarray:
+def waits_above(t: np.ndarray, waits: list[Wait]) -> np.ndarray:
     """P(W > t) for the waits of `wait_tail_terms`."""
     return _tail(t, wait_tail_terms(waits))
 
 
-def ttft_quantiles(classes: list[tuple[float, float]], residual_s: float, waits: list[tuple[float, float]],
+def ttft_quantiles(classes: list[tuple[float, float]], residual_s: float, waits: list[Wait],
                    qs=(50, 90, 99)) -> dict:
     """Quantiles of c + U residual + W over classes (weight, c): U uniform on [0, 1) (the step under way), W
     the waits of `wait_tail_terms`."""
@@ -178,5 +204,5 @@ def _invert(cdf, q: float, lo: float, hi: float) -> float:
     return hi
 
 
-__all__ = ["BatchLaw", "LIFE_AVERAGE_VARIANCE", "MIN_PEAKEDNESS", "batch_law", "normal_mix_quantiles", "peakedness",
-           "ttft_quantiles", "wait_tail_terms", "waits_above"]
+__all__ = ["BatchLaw", "LIFE_AVERAGE_VARIANCE", "MIN_PEAKEDNESS", "NO_WAIT", "Wait", "batch_law",
+           "normal_mix_quantiles", "peakedness", "ttft_quantiles", "wait_tail_terms", "waits_above"]

@@ -30,11 +30,11 @@ import math
 from dataclasses import dataclass, field, replace
 
 from .lengths import LengthDistribution, fixed_lengths
-from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, batch_law, normal_mix_quantiles,
+from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, NO_WAIT, Wait, batch_law, normal_mix_quantiles,
                          peakedness, ttft_quantiles)
 from .metrics import percentile
 from .preemption import OnDemandKV
-from .server_intake import server_entries, shared_wait_tail
+from .server_intake import server_entries, shared_wait
 from .step_walk import walk as _walk
 
 RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
@@ -344,11 +344,11 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
     def batch(rate: float, deterministic: bool):
         """[(share, running, step mean, step mean square)] of the running batch at `rate`, and the admission
-        wait (P(queued), rate of its exponential)."""
+        wait."""
         if deterministic or z < MIN_PEAKEDNESS:
             n, p, s = state(rate)
             mean, square = step_moments(max(n, 1.0), p)
-            return [(1.0, n, mean, square)], (0.0, 0.0)
+            return [(1.0, n, mean, square)], NO_WAIT
         law = batch_law(rate, admit, residence_steps(admit), lambda m: moments_at(rate, m)[0], z)
         if not law.stable:
             return batch(rate, True)
@@ -362,7 +362,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
             mean = table[lo][0] + f * (table[hi][0] - table[lo][0])
             square = table[lo][1] + f * (table[hi][1] - table[lo][1])
             cells.append((w, m * decode_steps / residence_steps(m), mean, square))
-        return cells, (law.queued, law.wait_rate)
+        return cells, law.admission
 
     def tpot_quantiles(cells, qs: tuple[int, ...]) -> dict:
         """A request's TPOT: the mean of its O - 1 steps, each drawn from the steps at the batch it decodes in
@@ -375,7 +375,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return {"mean": mean, **(normal_mix_quantiles(parts, qs) if qs else {})}
 
     def ttft(n: float, s: float, square: float, poisson: bool, rate: float, admission, qs: tuple[int, ...],
-             intake=(0.0, 0.0)) -> dict:
+             intake: Wait = NO_WAIT) -> dict:
         """A request waits for the rest of the step under way, for a slot when every slot is taken, for the
         prompts queued ahead (M/G/1 under Poisson arrivals), then for its own prefill step(s), which also carry
         the prompts that arrived with it during the step under way (Poisson). A Poisson arrival more likely
@@ -391,7 +391,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         # already counts), scaled as G/G/1 by the arrivals' variation (Kingman)
         wait = variation * busy * busy * service * spread / (2 * (1 - busy))
         queue_busy = busy * busy if poisson else 0.0
-        waits = [admission, (queue_busy, queue_busy / wait if wait > 0 else 0.0), intake]
+        waits = [admission, Wait.exponential(queue_busy, queue_busy / wait if wait > 0 else 0.0), intake]
         biased = s + variation * (square / s - s) if s > 0 else s   # the step a request arrives in
         along = rate * biased                         # prompts arriving during it
         if variation > 0 and along <= 40:
@@ -416,7 +416,7 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
 
         classes = [(w * v, request_overhead_s + own(x, j)) for w, x in prompts for v, j in others]
         mean = sum(w * c for w, c in classes) / sum(w for w, _ in classes) + biased / 2 + \
-            sum(b / th for b, th in waits if b > 0 and th > 0)
+            sum(w.mean for w in waits)
         return {"mean": mean, **(ttft_quantiles(classes, biased, waits, qs) if qs else {})}
 
     def feasible(rate: float) -> tuple[bool, str, tuple]:
@@ -459,16 +459,16 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         t = {k: v + ttft_extra + frontend_s for k, v in t.items()}
         tpot = tpot_quantiles(cells, qs)
         e2e = {k: v + decode_steps * s for k, v in t.items()}
-        queue = admission[0] / admission[1] if admission[0] > 0 and admission[1] > 0 else 0.0
+        queue = admission.mean
         return SteadyState(stable, rate, running, s, t, s / tokens_per_step, e2e, rate * o,
                            rate * (input_tokens + o), limited, note, tpot, queue, described)
 
-    def intake_wait(rate: float, poisson: bool) -> tuple[float, float]:
+    def intake_wait(rate: float, poisson: bool) -> Wait:
         """A request's time at the HTTP server beyond its own intake f, shared with the others it holds (Poisson
-        arrivals; serving/server_intake.py): as the exponential tail C exp(-theta t), (C, theta)."""
+        arrivals; serving/server_intake.py)."""
         if frontend_s <= 0 or not poisson:
-            return 0.0, 0.0
-        return shared_wait_tail(min(rate * frontend_s, 0.98), frontend_s)
+            return NO_WAIT
+        return shared_wait(min(rate * frontend_s, 0.98), frontend_s)
 
     def walked_requests(count: int) -> list[tuple[int, int]]:
         """(prompt tokens to prefill, output tokens) of each of `count` walked requests."""
