@@ -130,7 +130,9 @@ class HardwareProfile:
 
     @property
     def l2_bytes(self) -> float:
-        return self.l2_cache_mb * 1e6
+        # vendors state cache sizes in binary megabytes (A100's "40 MB" L2 is 40 MiB); the tables agree: RTX PRO
+        # 6000's decode kernels read a 127.9 MiB KV cache from its "128 MB" L2, 3x HBM's bandwidth
+        return self.l2_cache_mb * 2**20
 
     def engine_calibrations(self, seen: tuple = ()) -> dict[str, EngineCalibration]:
         """Every engine's calibration on this device, inheritance resolved (parsed on first use)."""

@@ -82,3 +82,15 @@ def test_strided_kv_layout_costs_once_batch_and_kv_heads_exceed_one():
 ])
 def test_trtllm_bench_limits_follow_its_rounding(kv_tokens, isl, osl, expected):
     assert trtllm_bench_limits(kv_tokens, isl, osl) == expected
+
+
+def test_l2_sizes_are_binary_megabytes():
+    """Vendors state cache sizes in MiB (CUDA reports A100's "40 MB" L2 as 41,943,040 bytes). The fitted
+    `l2_fraction`s were rescaled by 1e6 / 2^20 when the unit changed, so each set still puts its residency edge
+    where its fit did: RTX PRO 6000's SGLang bf16 decode, fitted at 0.9995 of 128e6 bytes, still at 122.0 MiB."""
+    from cost.profile import load_profile
+    assert load_profile("a100").l2_bytes == 40 * 2**20
+    hw = load_profile("rtxpro6000")
+    p = hw.engine("sglang").decode_attention["bf16"]
+    edge = hw.l2_bytes * p.l2_fraction / 2**20
+    assert edge == pytest.approx(0.9995 * 128e6 / 2**20, abs=0.01)

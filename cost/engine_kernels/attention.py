@@ -58,7 +58,7 @@ class PrefillAttentionParams(ParamSet):
     pack_gqa: float = param(0.0, 0.0, 1.0, "1: the kernel packs a KV head's query heads whenever that takes fewer "
                             "tiles (FlashAttention-3's rule); 0: only when they fit one tile", grid=(0.0, 1.0))
     l2_speedup: float = param(1.0, 1.0, 8.0, "bandwidth of L2-resident fresh Q/K/V/O over HBM's")
-    l2_fraction: float = param(0.6, 0.05, 1.0, "share of L2 the fresh Q/K/V/O may fill and stay resident")
+    l2_fraction: float = param(0.57, 0.04, 1.0, "share of L2 the fresh Q/K/V/O may fill and stay resident")
     window_skip: float = param(1.0, 0.0, 1.0, "share of the key tiles before a sliding window that the kernel skips "
                                "(1: it starts each query tile's sweep at the window, as FlashAttention and TRT-LLM "
                                "do; 0: it sweeps the whole causal range and masks, as SGLang's Triton extend "
@@ -91,7 +91,7 @@ class DecodeAttentionParams(ParamSet):
     max_splits: float = param(32.0, 1.0, 256.0, "how many CTAs one sequence's keys may be split over")
     split_threshold: float = param(1.0, 0.05, 8.0, "no split once (sequence, KV head) CTAs fill this many waves")
     l2_speedup: float = param(2.0, 1.0, 8.0, "bandwidth of an L2-resident KV cache (benchmarks) over HBM")
-    l2_fraction: float = param(0.8, 0.05, 1.0, "share of L2 a resident KV cache may fill")
+    l2_fraction: float = param(0.76, 0.04, 1.0, "share of L2 a resident KV cache may fill")
     window_overread: float = param(1.1, 1.0, 3.0, "keys read per key of a sliding window (page edges, splits)")
     # decode kernels are compiled per head dim, as prefill's: an instance's time (CTA waves and streaming alike)
     # relative to the model's, interpolated in log2(head dim) between the compiled ones (1: no instance differs)

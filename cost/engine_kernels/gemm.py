@@ -52,7 +52,7 @@ class GemmParams(ParamSet):
     smoothness: float = param(2.5, 1.0, 10.0, "p of the soft max of compute and memory time")
     split_k_us: float = param(2.0, 0.0, 10.0, "extra cost of a split-K reduction, us")
     l2_speedup: float = param(2.0, 1.0, 8.0, "bandwidth of L2-resident operands over HBM")
-    l2_fraction: float = param(0.6, 0.05, 1.0, "share of L2 that operands may fill and stay resident")
+    l2_fraction: float = param(0.57, 0.04, 1.0, "share of L2 that operands may fill and stay resident")
     sustained_slowdown: float = param(1.1, 1.0, 2.0, "compute slowdown past the boost window (power limit)")
     boost_us: float = param(2000.0, 10.0, 50000.0, "how long a kernel runs at boost clocks, us")
     row_ns: float = param(0.0, 0.0, 100.0, "per output row, serial (scale epilogues), ns")
