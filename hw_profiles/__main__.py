@@ -79,7 +79,7 @@ def show(args) -> int:
             "topologies": {name: t.description for name, t in hw.topologies.items()},
             "power_limit": {"board_w": hw.board_w, "matrix_clock": hw.matrix_clock, "origin": hw.power_origin}
             if hw.power_origin else None,
-            "engines": {name: {"origin": cal.origin, "inherited": list(cal.inherited), "fit": fit_status(hw, name)}
+            "engines": {name: {"origin": cal.origin, "inherited": cal.inherited_notes, "fit": fit_status(hw, name)}
                         for name, cal in _engines(hw).items()},
             "refused_engines": _refused(hw),
             "sources": hw.sources} for hw in profiles], indent=1))
@@ -119,7 +119,7 @@ def show(args) -> int:
                 print(f"other topology {hw.key}:{name}: {t.description}")
         for name, cal in _engines(hw).items():
             print(f"engine {name} ({fit_status(hw, name)}): {cal.origin}")
-            for note in cal.inherited:
+            for note in cal.inherited_notes:
                 print(f"  {note}")
         for name, why in _refused(hw).items():
             print(f"engine {name}: refused: {why}")

@@ -321,7 +321,7 @@ def test_a100_vllm_prices_4bit_moe_on_the_marlin_kernel_sglangs_a100_table_times
     a100 = load_profile("a100")
     vllm, sglang = a100.engine("vllm"), a100.engine("sglang")
     assert vllm.moe["int4"] == sglang.moe["int4"] and "int4" not in load_profile("h100").engine("vllm").carried
-    assert any(s.startswith("moe.int4 from this device's sglang fit") for s in vllm.inherited)
+    assert any(s.startswith("moe.int4 from this device's sglang fit") for s in vllm.inherited_notes)
     row = parse_row({"op": "moe", "tokens": 64, "hidden": 2880, "inter": 2880, "experts": 128, "top_k": 4,
                      "dtype": "mxfp4"}, 1)
     (seconds,) = price_rows(vllm, a100, [row])
@@ -363,8 +363,8 @@ def test_a_format_carried_from_a_sibling_fit_is_used_and_said(tmp_path):
 
     assert h100.engine("vllm").moe["fp8"] == h200.engine("vllm").moe["fp8"]
     assert h100.engine("sglang").moe["fp8"] == h200.engine("vllm").moe["fp8"]
-    assert any(s.startswith("moe.fp8 from the NVIDIA H200") for s in h100.engine("vllm").inherited)
-    assert "moe" not in {s.split(".")[0] for s in h200.engine("vllm").inherited}
+    assert any(s.startswith("moe.fp8 from the NVIDIA H200") for s in h100.engine("vllm").inherited_notes)
+    assert "moe" not in {key.split(".")[0] for key in h200.engine("vllm").inherited}
     assert "has no moe.nvfp4 for vllm" in refused("h100_bad", {"moe.nvfp4": {"from": "h200", "why": "test"}})
     assert "from its own section" in refused("h100_self", {"moe.bf16": {"from": "h100_self", "why": "test"}},
                                              without="bf16")

@@ -31,7 +31,8 @@ class EngineCalibration:
     decode_attention: dict[str, DecodeAttentionParams] = field(default_factory=dict)
     moe: dict[str, MoeParams] = field(default_factory=dict)
     allreduce: dict[str, dict[int, CollectiveCurve]] = field(default_factory=dict)
-    inherited: tuple[str, ...] = ()               # sections taken from another calibration, said in notes
+    # "section.format" (or "section") -> where it comes from, for every model taken from another calibration
+    inherited: dict[str, str] = field(default_factory=dict)
     carried: dict = field(default_factory=dict)   # "section.format" -> {"from": PROFILE, "why": ..., "engine"?}:
                                                   # a format this device's tables do not time as the engine runs
                                                   # it, taken from a sibling device's fit of the same engine, or
@@ -40,34 +41,38 @@ class EngineCalibration:
     @property
     def taken_from(self) -> dict[str, str]:
         """{"section.format" (or "section"): where} for every model this calibration takes from another fit."""
-        return dict(t.split(" from ", 1) for t in self.inherited)
+        return dict(self.inherited)
+
+    @property
+    def inherited_notes(self) -> list[str]:
+        """Each inherited model as a note: "moe.fp8 from the NVIDIA H200 SXM fit"."""
+        return [f"{key} from {where}" for key, where in self.inherited.items()]
 
     def merged_over(self, base: "EngineCalibration", base_label: str) -> "EngineCalibration":
         """Fill what this calibration lacks from `base`, recording which sections were inherited."""
-        taken = []
+        taken: dict[str, str] = {}
         values = {}
         for name in SECTIONS:
             mine, theirs = getattr(self, name), getattr(base, name)
             if isinstance(mine, dict):
                 missing = {k: v for k, v in theirs.items() if k not in mine}
-                theirs_from = base.taken_from
-                taken += [f"{name}.{k} from {base_label}"
-                          + (f", which takes it from {theirs_from[f'{name}.{k}']}" if f"{name}.{k}" in theirs_from
-                             else "") for k in missing]
+                for k in missing:
+                    further = base.inherited.get(f"{name}.{k}")
+                    taken[f"{name}.{k}"] = base_label + (f", which takes it from {further}" if further else "")
                 values[name] = {**missing, **mine}
             else:
                 if mine is None and theirs is not None:
-                    taken.append(f"{name} from {base_label}")
+                    taken[name] = base_label
                 values[name] = mine if mine is not None else theirs
         return EngineCalibration(engine=self.engine, origin=self.origin, release=self.release,
-                                 inherited=self.inherited + tuple(taken), carried=self.carried, **values)
+                                 inherited={**self.inherited, **taken}, carried=self.carried, **values)
 
     def with_format(self, key: str, params, label: str) -> "EngineCalibration":
         """This calibration with one `section.format` set to `params`, taken from `label` (said in notes)."""
         section, fmt = key.split(".", 1)
         values = {**getattr(self, section), fmt: params}
         return EngineCalibration(**{**self.__dict__, section: values,
-                                    "inherited": self.inherited + (f"{key} from {label}",)})
+                                    "inherited": {**self.inherited, key: label}})
 
     def to_json(self) -> dict:
         out: dict = {"origin": self.origin}
