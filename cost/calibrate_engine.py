@@ -113,7 +113,7 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     keep = base if (only is not None and base is not None) else None
     # a format the base takes from another fit (its profile's `carried`, or this device's default engine) stays
     # where it comes from: written back, it would read as this device's own fit
-    taken = keep.taken_from if keep else {}
+    taken = keep.inherited if keep else {}
     sections = {name: {k: v for k, v in getattr(keep, name).items() if f"{name}.{k}" not in taken} if keep else {}
                 for name in ("gemm", "prefill_attention", "decode_attention", "moe", "allreduce")}
     for name in ("gemm", "prefill_attention", "decode_attention", "moe", "custom_allreduce", "nccl"):

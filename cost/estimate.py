@@ -231,7 +231,7 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
         used = {("moe" if k.op is not None and k.op.experts is not None else "gemm", f.kernel)
                 for k, f in zip(kernels, formats) if f is not None}
-        notes += [f"{ENGINES[engine].label} kernels: {key} from {where}" for key, where in cal.taken_from.items()
+        notes += [f"{ENGINES[engine].label} kernels: {key} from {where}" for key, where in cal.inherited.items()
                   if _inherited_used(key, used)]
         if any(k.op is not None and k.op.state is not None for k in kernels):
             notes.append("recurrent mixer kernels (SSM scans, linear attention, short convolutions): roofline "

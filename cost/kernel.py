@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     origin = kernel_origin(hw, args.engine)
     if origin.headline():     # said first, before any number
         print(origin.headline(), file=sys.stderr)
-    taken = cal.taken_from
+    taken = cal.inherited
     for obj, s, model in zip(objects, seconds, models):
         base = model.split(" ")[0]
         print(dumps_strict({**obj, "ms": round(float(s) * 1e3, 6), "kernel_model": model,

@@ -39,11 +39,6 @@ class EngineCalibration:
                                                   # from another engine's fit that times the same kernel
 
     @property
-    def taken_from(self) -> dict[str, str]:
-        """{"section.format" (or "section"): where} for every model this calibration takes from another fit."""
-        return dict(self.inherited)
-
-    @property
     def inherited_notes(self) -> list[str]:
         """Each inherited model as a note: "moe.fp8 from the NVIDIA H200 SXM fit"."""
         return [f"{key} from {where}" for key, where in self.inherited.items()]
