@@ -23,8 +23,14 @@ def gemm_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Ru
     g = k.gemm
     fused = fmt.kernel in ENGINES[cal.engine].fused_activation_quant
     # a batched GEMM (MLA's per-head absorption) has a weight per batch entry: as wide as all of them
-    return _kernel_time(gemm_rows_time(cal, hw, fmt.kernel, g.m, g.n * max(1, g.batch), g.k, True, quant_fused=fused,
-                                       weight_bytes=fmt.weight_bytes, model_step=True))
+    n = g.n * max(1, g.batch)
+    t = gemm_rows_time(cal, hw, fmt.kernel, g.m, n, g.k, True, quant_fused=fused, weight_bytes=fmt.weight_bytes,
+                       model_step=True).scalar()
+    if fmt.math_peak_fraction < 1.0:
+        # a weight-only kernel's math tops out below the bf16 kernel's (cost/op_formats.py RunFormat)
+        ceiling = 2.0 * g.m * n * g.k / (fmt.math_peak_fraction * hw.matrix_peak("bf16"))
+        t = Times(max(t.seconds, ceiling + t.fixed_s), max(t.compute_s, ceiling), t.memory_s, t.fixed_s)
+    return _kernel_time(t)
 
 
 def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:

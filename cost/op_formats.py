@@ -46,6 +46,9 @@ class RunFormat:
     checkpoint: str        # the checkpoint's format of the weight
     how: str = NATIVE      # native | engine rule | weight-only
     source: str = ""       # the engine source a rule or a weight-only path follows
+    # a weight-only dense GEMM's math stops at this share of the dense bf16 peak (Marlin's 64-row blocks, each
+    # dequantizing the weights again: engine_formats.json weight_only_kernel); 1: no such ceiling
+    math_peak_fraction: float = 1.0
 
 
 @lru_cache(maxsize=1)
@@ -79,9 +82,11 @@ def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe
                            f"has no {matrix} matrix units" + (f" ({', '.join(has)} dequantize them in the GEMM)"
                                                               if has else ""))
     weight_bytes = STORED_BYTES[fmt]
+    source = path["source"] if path else ""
     if moe and weight_bytes <= 0.6 and "int4" in moe_models:
-        return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, path["source"] if path else "")
-    return RunFormat("bf16", weight_bytes, fmt, WEIGHT_ONLY, path["source"] if path else "")
+        return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, source)
+    ceiling = 1.0 if moe else rules.get("weight_only_kernel", {}).get("math_peak_fraction", 1.0)
+    return RunFormat("bf16", weight_bytes, fmt, WEIGHT_ONLY, source, ceiling)
 
 
 def _kernel_bytes(kernel: str) -> float:
@@ -112,8 +117,9 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
             continue
         key = (k.op.weight_role, f.kernel if f.how != WEIGHT_ONLY else f"{f.checkpoint} weight-only", f.how)
         table[key] = table.get(key, 0) + k.count
-        if f.how == WEIGHT_ONLY:
-            weight_only[f.checkpoint] = f
+        if f.how == WEIGHT_ONLY and (f.checkpoint not in weight_only
+                                     or f.math_peak_fraction < weight_only[f.checkpoint].math_peak_fraction):
+            weight_only[f.checkpoint] = f    # the dense GEMMs' (their ceiling) over the experts'
     if not table:
         return []
     label = ENGINES[engine].label
@@ -127,8 +133,18 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
                      f"dequantized in the GEMM, bf16 math; priced with "
                      f"{label}'s bf16 kernel models" + (" (int4 weight-only MoE fit for the experts)"
                                                          if any(g.kernel == "int4" for g in formats if g) else "")
+                     + _ceiling_note(f, engine, hw)
                      + (f"; {f.source.split(':')[0]}" if f.source else ""))
     return notes
+
+
+def _ceiling_note(f: RunFormat, engine: str, hw: HardwareProfile) -> str:
+    if f.math_peak_fraction >= 1.0:
+        return ""
+    k = engine_rules()[engine]["weight_only_kernel"]
+    where = "measured on this GPU" if hw.key == k["measured_on"] else f"the share measured on {k['measured_on']}"
+    return (f", its math capped at {f.math_peak_fraction:g} of the bf16 peak from 64 rows ({k['name']}'s large-batch "
+            f"rate, {where}: cost/engine_formats.json)")
 
 
 def is_formats_note(note: str) -> bool:

@@ -231,9 +231,8 @@ def main(argv=None) -> int:
                   f"{sum(r['fitted_rows'] for r in result['releases'].values())} {ENGINES[args.engine].label} rows of "
                   f"{names} (seed {args.seed}, fit fraction {args.fit_fraction:g}, demand {args.demand:g})")
     entry = {"origin": origin, **result}
-    for kept in ("reserve_source", "stream_origin"):    # terms kept as set, with where they come from
-        if kept in current:
-            entry[kept] = current[kept]
+    for kept in [k for k in current if k not in entry]:   # what the fit does not set (terms kept, their sources)
+        entry[kept] = current[kept]
     for rel, r in result["releases"].items():
         print(f"{ENGINES[args.engine].label} {rel}: held-out mean |log error| {r['held_out_loss']:.3f} over "
               f"{r['held_out_rows']} rows; own terms: {', '.join(r['params']) or 'none'}")

@@ -136,6 +136,35 @@ def test_engine_rule_and_device_capability_in_run_format():
     assert (f.kernel, f.weight_bytes, f.how) == ("bf16", 0.5, "weight-only")
 
 
+def test_marlin_math_ceiling_at_large_batch():
+    """vLLM and SGLang run weight-only GEMMs through Marlin, whose math stops at 0.45 of the bf16 peak from 64
+    rows (vLLM PR #2497's A100 sweep: 141 TFLOP/s); a small batch still streams the narrower weights faster."""
+    from cost.engine_pricing import gemm_seconds
+    from cost.execution import Kernel
+    from tracer.work import GemmShape
+    a100 = load_profile("a100")
+    cal = a100.engine("vllm")
+    n, k = 10240, 5120
+    f = run_format("fp8", "linear", "vllm", a100, moe=False)
+    assert f.math_peak_fraction == pytest.approx(0.45)
+    assert run_format("fp8", "experts", "vllm", a100, moe=True).math_peak_fraction == 1.0
+    plain = run_format("bf16", "linear", "vllm", a100, moe=False)
+
+    def ms(m, fmt):
+        kern = Kernel("gemm", "gemm", "x", 2.0 * m * n * k, 0.0, "bf16", 1, gemm=GemmShape(m, n, k))
+        return gemm_seconds(kern, a100, cal, fmt).seconds * 1e3
+
+    big = 4096
+    assert ms(big, f) >= 2.0 * big * n * k / (0.45 * 312e12) * 1e3      # at or under 141 TFLOP/s
+    assert 1.5 < ms(big, f) / ms(big, plain) < 2.5                     # cuBLAS bf16 runs at ~0.8 of the peak
+    assert ms(1, f) < 0.7 * ms(1, plain)                               # one byte a weight, memory-bound
+    note = next(n for n in estimate(trace("qwen3-30b-a3b-2507-fp8", DECODE), a100, engine="vllm").notes
+                if n.startswith("formats: fp8_block weights run weight-only"))
+    assert "math capped at 0.45 of the bf16 peak from 64 rows (Marlin's large-batch rate, measured on this GPU" in note
+    # TensorRT-LLM's own weight-only kernels have no such ceiling in this data
+    assert "weight_only_kernel" not in json.loads(open("cost/engine_formats.json").read())["trtllm"]
+
+
 def test_cost_kernel_rows_take_a_role_and_weight_only_formats(tmp_path, capsys):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps(r) for r in (
