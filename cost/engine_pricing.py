@@ -59,7 +59,12 @@ def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Run
     stats = routing_stats("random", c.tokens, c.experts, c.top_k, c.ep)
     t = moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, c.tokens, c.hidden,
                  c.inter / c.tp, c.top_k, stats.pairs, stats.active_experts, stats.padded_tiles, gated=c.gated,
-                 weight_bytes=weight_bytes)
+                 weight_bytes=weight_bytes).scalar()
+    if fmt.math_peak_fraction < 1.0:
+        # the weight-only experts' kernel (Marlin MoE) tops out as its dense GEMMs do (cost/op_formats.py RunFormat)
+        flops = 2.0 * float(stats.pairs) * c.hidden * (c.inter / c.tp) * (3.0 if c.gated else 2.0)
+        ceiling = flops / (fmt.math_peak_fraction * hw.matrix_peak("bf16"))
+        t = Times(max(t.seconds, ceiling + t.fixed_s), max(t.compute_s, ceiling), t.memory_s, t.fixed_s)
     return _kernel_time(t)
 
 

@@ -85,7 +85,7 @@ def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe
     source = path["source"] if path else ""
     if moe and weight_bytes <= 0.6 and "int4" in moe_models:
         return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, source)
-    ceiling = 1.0 if moe else rules.get("weight_only_kernel", {}).get("math_peak_fraction", 1.0)
+    ceiling = rules.get("weight_only_kernel", {}).get("math_peak_fraction", 1.0)
     return RunFormat("bf16", weight_bytes, fmt, WEIGHT_ONLY, source, ceiling)
 
 

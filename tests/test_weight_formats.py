@@ -3,6 +3,7 @@ the engine's rules (cost/engine_formats.json) and weight-only formats on devices
 (cost/op_formats.py)."""
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -147,7 +148,9 @@ def test_marlin_math_ceiling_at_large_batch():
     n, k = 10240, 5120
     f = run_format("fp8", "linear", "vllm", a100, moe=False)
     assert f.math_peak_fraction == pytest.approx(0.45)
-    assert run_format("fp8", "experts", "vllm", a100, moe=True).math_peak_fraction == 1.0
+    # Marlin MoE (FP8 experts on A100) under the same ceiling; 4-bit experts take the int4 fit, Marlin MoE's own
+    assert run_format("fp8", "experts", "vllm", a100, moe=True).math_peak_fraction == pytest.approx(0.45)
+    assert run_format("int4", "experts", "vllm", a100, moe=True, moe_models=("bf16", "int4")).math_peak_fraction == 1.0
     plain = run_format("bf16", "linear", "vllm", a100, moe=False)
 
     def ms(m, fmt):
@@ -161,6 +164,17 @@ def test_marlin_math_ceiling_at_large_batch():
     note = next(n for n in estimate(trace("qwen3-30b-a3b-2507-fp8", DECODE), a100, engine="vllm").notes
                 if n.startswith("formats: fp8_block weights run weight-only"))
     assert "math capped at 0.45 of the bf16 peak from 64 rows (Marlin's large-batch rate, measured on this GPU" in note
+    # W8A16 experts on H100 (Marlin MoE, priced with the bf16 fused-MoE fit): a long prefill's experts are held to it
+    from cost.engine_pricing import moe_seconds
+    from cost.execution import MoeCall
+    h100 = load_profile("h100")
+    moe = MoeCall(8192, 4096, 14336, 8, 2, True, 1, 1, "all-tokens")       # Mixtral's experts, 2,048 rows each
+    kern = Kernel("fused_moe", "gemm", "experts", 0.0, 0.0, "bf16", 1, moe=moe)
+    w8 = run_format("int8_wo", "experts", "vllm", h100, moe=True, moe_models=tuple(h100.engine("vllm").moe))
+    flops = 2.0 * 8192 * 2 * 4096 * 14336 * 3
+    capped = moe_seconds(kern, h100, h100.engine("vllm"), w8).seconds
+    assert capped >= flops / (0.45 * 989e12)
+    assert capped > 1.1 * moe_seconds(kern, h100, h100.engine("vllm"), replace(w8, math_peak_fraction=1.0)).seconds
     # TensorRT-LLM's own weight-only kernels have no such ceiling in this data
     assert "weight_only_kernel" not in json.loads(open("cost/engine_formats.json").read())["trtllm"]
 
