@@ -5,6 +5,8 @@ In a model step every layer reads its own weights and KV cache, so weights and K
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .engine_kernels import (EngineCalibration, Times, decode_attention_time, moe_time, prefill_attention_time,
                              routing_stats, stream_time)
 from .engines import ENGINES
@@ -24,13 +26,20 @@ def gemm_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Ru
     fused = fmt.kernel in ENGINES[cal.engine].fused_activation_quant
     # a batched GEMM (MLA's per-head absorption) has a weight per batch entry: as wide as all of them
     n = g.n * max(1, g.batch)
-    t = gemm_rows_time(cal, hw, fmt.kernel, g.m, n, g.k, True, quant_fused=fused, weight_bytes=fmt.weight_bytes,
-                       model_step=True).scalar()
-    if fmt.math_peak_fraction < 1.0:
-        # a weight-only kernel's math tops out below the bf16 kernel's (cost/op_formats.py RunFormat)
-        ceiling = 2.0 * g.m * n * g.k / (fmt.math_peak_fraction * hw.matrix_peak("bf16"))
-        t = Times(max(t.seconds, ceiling + t.fixed_s), max(t.compute_s, ceiling), t.memory_s, t.fixed_s)
-    return _kernel_time(t)
+    t = gemm_rows_time(cal, hw, fmt.kernel, g.m, n, g.k, True, quant_fused=fused,
+                       weight_bytes=fmt.weight_bytes / fmt.stream_fraction, model_step=True).scalar()
+    return _kernel_time(weight_only_kernel(t, fmt, hw, 2.0 * g.m * n * g.k))
+
+
+def weight_only_kernel(t: Times, fmt: RunFormat, hw: HardwareProfile, flops) -> Times:
+    """A weight-only kernel priced as the bf16 one (on fmt.weight_bytes / fmt.stream_fraction) plus its cost per
+    call, and no faster than its math ceiling (cost/op_formats.py RunFormat; 1 and 0: the bf16 kernel's)."""
+    call = fmt.call_us * 1e-6
+    seconds, fixed = t.seconds + call, t.fixed_s + call
+    if fmt.math_peak_fraction >= 1.0:
+        return Times(seconds, t.compute_s, t.memory_s, fixed)
+    ceiling = flops / (fmt.math_peak_fraction * hw.matrix_peak("bf16"))
+    return Times(np.maximum(seconds, ceiling + fixed), np.maximum(t.compute_s, ceiling), t.memory_s, fixed)
 
 
 def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
@@ -55,17 +64,17 @@ def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Run
     c = k.moe
     p = _section(cal.moe, fmt.kernel, "fused MoE", cal)
     _, compute_dtype, _ = WEIGHT_FORMATS[fmt.kernel]
-    weight_bytes = fmt.weight_bytes
+    weight_bytes = fmt.weight_bytes / fmt.stream_fraction
     stats = routing_stats("random", c.tokens, c.experts, c.top_k, c.ep)
     t = moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, c.tokens, c.hidden,
                  c.inter / c.tp, c.top_k, stats.pairs, stats.active_experts, stats.padded_tiles, gated=c.gated,
                  weight_bytes=weight_bytes).scalar()
-    if fmt.math_peak_fraction < 1.0:
-        # the weight-only experts' kernel (Marlin MoE) tops out as its dense GEMMs do (cost/op_formats.py RunFormat)
-        flops = 2.0 * float(stats.pairs) * c.hidden * (c.inter / c.tp) * (3.0 if c.gated else 2.0)
-        ceiling = flops / (fmt.math_peak_fraction * hw.matrix_peak("bf16"))
-        t = Times(max(t.seconds, ceiling + t.fixed_s), max(t.compute_s, ceiling), t.memory_s, t.fixed_s)
-    return _kernel_time(t)
+    return _kernel_time(weight_only_kernel(t, fmt, hw, moe_flops(stats.pairs, c.hidden, c.inter / c.tp, c.gated)))
+
+
+def moe_flops(pairs, hidden, inter_local, gated: bool):
+    """Both expert GEMMs of a fused-MoE layer: up (and gate) projection, then down."""
+    return 2.0 * np.asarray(pairs, dtype=float) * hidden * inter_local * np.where(gated, 3.0, 2.0)
 
 
 def stream_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration) -> KernelTime:

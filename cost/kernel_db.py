@@ -99,6 +99,26 @@ def _gemm(t) -> tuple[list, list]:
     return rows, ms
 
 
+_WEIGHT_ONLY_GEMM = {"int8_wo": "int8_wo", "int4_wo": "int4"}   # table dtype -> tracecost checkpoint format
+
+
+def load_weight_only_gemm(path: str, system: str, engine: str) -> KernelTable | None:
+    """The weight-only GEMM rows of the newest table (TensorRT-LLM's `int8_wo` / `int4_wo`), as GemmRows whose
+    dtype is the checkpoint format (int8_wo, int4); None where the tables time none. They are kept out of
+    load_tables: no kernel model is fitted on them (cost/engine_formats.json weight_only_kernel prices them)."""
+    store = _Store(path)
+    found = store.find(system, "gemm", engine, "gemm_perf.parquet")
+    if found is None:
+        return None
+    t = store.read(found)
+    rows, ms = [], []
+    for dtype, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"]):
+        if dtype in _WEIGHT_ONLY_GEMM:
+            rows.append(GemmRow(int(m), int(n), int(k), _WEIGHT_ONLY_GEMM[dtype]))
+            ms.append(lat)
+    return KernelTable("gemm_weight_only", found, rows, np.asarray(ms, dtype=float) * 1e-3) if rows else None
+
+
 def _served_backend_rows(t, backends: tuple) -> list[bool]:
     """Rows timed on the backend the engine's default selection runs for their head dim (windowed or not).
     `backends` lists the engine's attention backends in the order its selection prefers them; where a table

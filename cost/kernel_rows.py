@@ -300,6 +300,7 @@ def price_rows(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> np.nd
 def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -> tuple[np.ndarray, list[str]]:
     """price_rows, and per row the profile's fitted model that priced it ("decode_attention.bf16_mha",
     "gemm.fp8 (weight-only)", "allreduce.nccl x8")."""
+    from .engine_pricing import weight_only_kernel
     from .op_formats import WEIGHT_ONLY, run_format
     seconds, models = np.zeros(len(rows)), [""] * len(rows)
     for key, index in group_rows(rows, cal.engine).items():
@@ -315,12 +316,23 @@ def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -
         for role, part in by_role.items():
             f = run_format(CHECKPOINT_FORMAT.get(key[1], key[1]), role, cal.engine, hw, moe=key[0] == "moe",
                            moe_models=tuple(cal.moe))
-            seconds[part] = price_group(cal, hw, (key[0], f.kernel), [rows[i] for i in part],
-                                        weight_bytes=f.weight_bytes).seconds
+            group = [rows[i] for i in part]
+            t = price_group(cal, hw, (key[0], f.kernel), group, weight_bytes=f.weight_bytes / f.stream_fraction)
+            if f.how == WEIGHT_ONLY:
+                t = weight_only_kernel(t, f, hw, _row_flops(key[0], group))
+            seconds[part] = t.seconds
             name = f"{key[0]}.{f.kernel}" + (f" ({WEIGHT_ONLY})" if f.how == WEIGHT_ONLY else "")
             for i in part:
                 models[i] = name
     return seconds, models
+
+
+def _row_flops(kind: str, rows: list) -> np.ndarray:
+    """FLOPs of each GEMM row, or of each fused-MoE row's expert GEMMs on its rank."""
+    from .engine_pricing import moe_flops
+    if kind == "gemm":
+        return np.array([2.0 * r.m * r.n * r.k for r in rows])
+    return np.array([float(moe_flops(r.tokens * r.top_k / r.ep, r.hidden, r.inter / r.tp, r.gated)) for r in rows])
 
 
 def _model_name(cal: EngineCalibration, key: tuple) -> str:

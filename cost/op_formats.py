@@ -46,9 +46,12 @@ class RunFormat:
     checkpoint: str        # the checkpoint's format of the weight
     how: str = NATIVE      # native | engine rule | weight-only
     source: str = ""       # the engine source a rule or a weight-only path follows
-    # a weight-only dense GEMM's math stops at this share of the dense bf16 peak (Marlin's 64-row blocks, each
-    # dequantizing the weights again: engine_formats.json weight_only_kernel); 1: no such ceiling
+    # the weight-only kernel against the bf16 one that prices it (engine_formats.json weight_only_kernel): its math
+    # stops at this share of the dense bf16 peak (Marlin's 64-row blocks, each dequantizing the weights again),
+    # it streams its weights at this share of the bf16 kernel's rate, and it takes this much more per call
     math_peak_fraction: float = 1.0
+    stream_fraction: float = 1.0
+    call_us: float = 0.0
 
 
 @lru_cache(maxsize=1)
@@ -85,8 +88,9 @@ def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe
     source = path["source"] if path else ""
     if moe and weight_bytes <= 0.6 and "int4" in moe_models:
         return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, source)
-    ceiling = rules.get("weight_only_kernel", {}).get("math_peak_fraction", 1.0)
-    return RunFormat("bf16", weight_bytes, fmt, WEIGHT_ONLY, source, ceiling)
+    k = rules.get("weight_only_kernel", {})      # its per-call cost is the dense GEMM's (fused MoE has its own)
+    return RunFormat("bf16", weight_bytes, fmt, WEIGHT_ONLY, source, k.get("math_peak_fraction", 1.0),
+                     k.get("stream_fraction", 1.0), 0.0 if moe else k.get("call_us", {}).get(fmt, 0.0))
 
 
 def _kernel_bytes(kernel: str) -> float:
@@ -139,12 +143,18 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
 
 
 def _ceiling_note(f: RunFormat, engine: str, hw: HardwareProfile) -> str:
-    if f.math_peak_fraction >= 1.0:
+    parts = []
+    if f.math_peak_fraction < 1.0:
+        parts.append(f"its math capped at {f.math_peak_fraction:g} of the bf16 peak from 64 rows")
+    if f.stream_fraction < 1.0:
+        parts.append(f"its weights read at {f.stream_fraction:g} of the bf16 kernel's rate")
+    if f.call_us > 0.0:
+        parts.append(f"{f.call_us:g} us more per call")
+    if not parts:
         return ""
     k = engine_rules()[engine]["weight_only_kernel"]
-    where = "measured on this GPU" if hw.key == k["measured_on"] else f"the share measured on {k['measured_on']}"
-    return (f", its math capped at {f.math_peak_fraction:g} of the bf16 peak from 64 rows ({k['name']}'s large-batch "
-            f"rate, {where}: cost/engine_formats.json)")
+    where = "measured on this GPU" if hw.key == k["measured_on"] else f"as measured on {k['measured_on']}"
+    return f", {', '.join(parts)} ({k['name']}, {where}: cost/engine_formats.json)"
 
 
 def is_formats_note(note: str) -> bool:
