@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli.common import run_main  # noqa: E402
 from cost.calibrate_engine import SYSTEM_PROFILES, calibrate, split, system_list  # noqa: E402
 from cost.engines import DEFAULT_ENGINE, ENGINES  # noqa: E402
-from cost.kernel_db import load_tables  # noqa: E402
+from cost.kernel_db import load_tables, without_impossible_rows  # noqa: E402
 from cost.kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow, group_rows, price_group  # noqa: E402
 from cost.kernels import attention_time, experts_time, gemm_time  # noqa: E402
 from cost.parallel import all_reduce_seconds  # noqa: E402
@@ -97,7 +97,9 @@ def summary(err: np.ndarray) -> dict:
 
 def evaluate(system: str, engine: str, db: str, refit: bool, seed: int) -> dict:
     hw = load_profile(SYSTEM_PROFILES[system])
-    tables = load_tables(db, system, engine)
+    tables, set_aside = without_impossible_rows(load_tables(db, system, engine), hw)
+    for note in set_aside:
+        print(f"{system} {engine} {note}", file=sys.stderr)
     if refit:
         start = time.time()
         cal = calibrate(tables, hw, engine, "refit by bench/kernel_accuracy.py", seed)

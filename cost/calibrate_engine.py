@@ -217,7 +217,7 @@ def run_engine(args) -> int:
 
     from .calibrate import write_result
     from .engines import ENGINES
-    from .kernel_db import load_tables
+    from .kernel_db import load_tables, without_impossible_rows
     from .profile import ProfileError, load_profile
     if args.engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}")
@@ -235,7 +235,9 @@ def run_engine(args) -> int:
         if not sibling.origin.startswith("fitted"):
             raise ValueError(f"--start-from {args.start_from}: its {args.engine} kernel models are not fitted "
                              f"({sibling.origin})")
-    tables = load_tables(args.kernel_db, args.system, args.engine)
+    tables, set_aside = without_impossible_rows(load_tables(args.kernel_db, args.system, args.engine), hw)
+    for note in set_aside:
+        print(f"{args.system} {args.engine} {note}", file=sys.stderr)
     versions = sorted({f.split("/")[-2] for t in tables.values() for f in t.source.split("; ") if "/nccl/" not in f})
     rows = sum(len(t.rows) for t in tables.values())
     origin = (f"fitted by python -m cost.calibrate --kernel-db on AIConfigurator {args.system} {args.engine} "

@@ -605,3 +605,22 @@ def test_a_non_gated_layer_can_run_another_kernel():
         ungated=3.0, fixed_us=0.0, token_ns=0.0, pair_ns=0.0, expert_us=0.0)
     assert np.isclose(seconds(slow, False), 3.0 * seconds(plain, False))
     assert np.isclose(seconds(slow, True), seconds(plain, True))        # gated layers keep their kernel
+
+
+def test_decode_rows_reading_kv_faster_than_the_memory_are_set_aside():
+    """A decode row whose bf16 KV (beyond L2) would stream faster than 1.2x the HBM's rate did not read what it
+    states (TensorRT-LLM 1.0.0's A100 grouped-query rows reach 1.69x); it is set aside, and the table says so."""
+    from cost.kernel_db import KernelTable, without_impossible_rows
+    from cost.kernel_rows import AttentionRow
+    a100 = load_profile("a100")
+    big = AttentionRow("decode", 64, 1, 16383, 32, 4, 128, 0, "bf16")       # 2.1 GB of bf16 KV
+    kv = 64 * 16383 * 4 * 128 * 2 * 2
+    seconds = np.array([kv / (0.85 * a100.bandwidth), kv / (1.55 * a100.bandwidth), 5e-6])
+    small = AttentionRow("decode", 1, 1, 100, 32, 4, 128, 0, "bf16")       # within L2: any rate
+    table = KernelTable("decode_attention", "t", [big, big, small], seconds)
+    kept, notes = without_impossible_rows({"decode_attention": table}, a100)
+    assert len(kept["decode_attention"].rows) == 2 and kept["decode_attention"].seconds[0] == seconds[0]
+    assert notes == ["decode_attention: 1 of 3 rows set aside, their KV read faster than 1.2x the 2,039 GB/s the "
+                     "memory delivers"]
+    assert without_impossible_rows({"decode_attention": KernelTable("decode_attention", "t", [big], seconds[:1])},
+                                   a100)[1] == []
