@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 
@@ -52,6 +52,7 @@ class RunFormat:
     math_peak_fraction: float = 1.0
     stream_fraction: float = 1.0
     call_us: float = 0.0
+    resident: float = 1.0  # what the weights occupy in the engine's layout, over their stored bytes
 
 
 @lru_cache(maxsize=1)
@@ -86,11 +87,14 @@ def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe
                                                               if has else ""))
     weight_bytes = STORED_BYTES[fmt]
     source = path["source"] if path else ""
+    # vLLM runs mxfp4 through triton_kernels on SM90 (a GPU with fp8 units here) and Marlin below it
+    # (get_mxfp4_backend); only the measured layout is applied (engine_formats.json `resident`)
+    resident = (path or {}).get("resident", {}).get("fp8_units" if "fp8" in hw.matrix_tflops else "", 1.0)
     if moe and weight_bytes <= 0.6 and "int4" in moe_models:
-        return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, source)
+        return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, source, resident=resident)
     k = rules.get("weight_only_kernel", {})      # its per-call cost is the dense GEMM's (fused MoE has its own)
     return RunFormat("bf16", weight_bytes, fmt, WEIGHT_ONLY, source, k.get("math_peak_fraction", 1.0),
-                     k.get("stream_fraction", 1.0), 0.0 if moe else k.get("call_us", {}).get(fmt, 0.0))
+                     k.get("stream_fraction", 1.0), 0.0 if moe else k.get("call_us", {}).get(fmt, 0.0), resident)
 
 
 def _kernel_bytes(kernel: str) -> float:
@@ -111,6 +115,15 @@ def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
                       moe=op.experts is not None, moe_models=moe_models)
 
 
+def expert_resident(trace, engine: str, hw: HardwareProfile) -> float:
+    """What the routed experts of `trace` occupy once the engine has laid them out, over their stored bytes
+    (1 for a model without routed experts, or a format the engine keeps as stored)."""
+    op = next((op for op in trace.ops if op.experts is not None), None)
+    if op is None:
+        return 1.0
+    return op_format(op, engine, hw, trace.options.dtype, tuple(hw.engine(engine).moe)).resident
+
+
 def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwareProfile) -> list[str]:
     """One note naming the per-op formats, one per weight-only format (what it streams, what it computes in);
     each starts with "formats" (`is_formats_note`)."""
@@ -123,6 +136,8 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
         table[key] = table.get(key, 0) + k.count
         if f.how == WEIGHT_ONLY and (f.checkpoint not in weight_only
                                      or f.math_peak_fraction < weight_only[f.checkpoint].math_peak_fraction):
+            if f.checkpoint in weight_only and weight_only[f.checkpoint].resident != 1.0:
+                f = replace(f, resident=weight_only[f.checkpoint].resident)
             weight_only[f.checkpoint] = f    # the dense GEMMs' (their ceiling) over the experts'
     if not table:
         return []
@@ -138,6 +153,8 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
                      f"{label}'s bf16 kernel models" + (" (int4 weight-only MoE fit for the experts)"
                                                          if any(g.kernel == "int4" for g in formats if g) else "")
                      + _ceiling_note(f, engine, hw)
+                     + (f"; held at {f.resident:g}x their stored bytes in {label}'s layout for its kernel "
+                        f"(its load logs, cost/engine_formats.json)" if f.resident != 1.0 else "")
                      + (f"; {f.source.split(':')[0]}" if f.source else ""))
     return notes
 

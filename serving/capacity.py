@@ -127,11 +127,13 @@ def expert_weight_bytes(trace: Trace) -> float:
                for op in trace.ops if op.experts is not None)
 
 
-def weight_bytes_per_gpu(trace: Trace, tp: int = 1, ep: int = 1, pp: int = 1) -> float:
-    """Dense weights shard over TP, routed experts over EP (or TP without EP); PP splits the layers."""
-    experts = expert_weight_bytes(trace)
+def weight_bytes_per_gpu(trace: Trace, tp: int = 1, ep: int = 1, pp: int = 1, expert_resident: float = 1.0) -> float:
+    """Dense weights shard over TP, routed experts over EP (or TP without EP); PP splits the layers.
+    `expert_resident`: what the experts occupy in the engine's layout over their stored bytes (cost/op_formats.py)."""
+    experts = expert_weight_bytes(trace) * expert_resident
     held = _slot_share(trace, ep)
-    return ((trace.weight_bytes - experts) / tp + experts * held / (ep if ep > 1 else tp)) / max(1, pp)
+    dense = trace.weight_bytes - expert_weight_bytes(trace)
+    return (dense / tp + experts * held / (ep if ep > 1 else tp)) / max(1, pp)
 
 
 def _slot_share(trace: Trace, ep: int) -> float:
@@ -142,13 +144,13 @@ def _slot_share(trace: Trace, ep: int) -> float:
 
 def replica_memory(probe: Trace, hw: HardwareProfile, defaults: ServingDefaults, reserve_gb: float, tp: int = 1,
                    pp: int = 1, ep: int = 1, memory_fraction: float | None = None,
-                   group_reserve_gb: float = 0.0) -> ReplicaMemory:
+                   group_reserve_gb: float = 0.0, expert_resident: float = 1.0) -> ReplicaMemory:
     """`probe`: a trace of the engine's largest step (max_batched_tokens tokens), for its activations.
     Under attention data parallelism `tp` is the attention TP of one DP rank, `ep` the whole MoE group.
     `group_reserve_gb`: what each GPU of a replica of more than one holds for its communicators."""
     fraction = defaults.memory_fraction if memory_fraction is None else memory_fraction
     capacity = hw.memory_bytes
-    weights = weight_bytes_per_gpu(probe, tp, ep, pp)
+    weights = weight_bytes_per_gpu(probe, tp, ep, pp, expert_resident)
     activations = peak_activation_bytes(probe, tp)
     reserve = (reserve_gb + (group_reserve_gb if max(tp * pp, ep) > 1 else 0.0)) * GB
     in_budget = activations if defaults.activations_in_budget else 0.0

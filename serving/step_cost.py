@@ -18,7 +18,7 @@ import numpy as np
 
 from cost.engines import ENGINES, ServingOverheads, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
-from cost.op_formats import is_formats_note
+from cost.op_formats import expert_resident, is_formats_note
 from cost.parallel import point_to_point_seconds
 from cost.execution import ENGINE
 from cost.profile import HardwareProfile
@@ -328,8 +328,12 @@ class StepCost:
         if mem is None:
             probe = trace(self.spec, Request(1, max_batched_tokens, 0), self.options)
             mem = self._memory[key] = replica_memory(probe, self.hw, self.defaults, o.reserve_gb, self.par.tp,
-                                                     self.par.pp, self.par.ep, memory_fraction, o.group_reserve_gb)
+                                                     self.par.pp, self.par.ep, memory_fraction, o.group_reserve_gb,
+                                                     self._expert_resident(probe))
         return mem
+
+    def _expert_resident(self, probe) -> float:
+        return expert_resident(probe, self.engine, self.hw) if self.execution == ENGINE else 1.0
 
     def _sampling(self, rows: int) -> float:
         t = self._sampled.get(rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracer.work import Trace
-from serving.capacity import kv_heads, peak_activation_bytes  # one definition, shared with serving
+from serving.capacity import expert_weight_bytes, kv_heads, peak_activation_bytes  # shared with serving
 
 GB = 1e9
 
@@ -44,13 +44,14 @@ def state_cache_bytes(trace: Trace, sequences: int, tp: int) -> float:
 
 
 def estimate_memory(trace: Trace, cached_tokens_total: int, tp: int, ep: int, capacity_gb: float,
-                    sequences: int | None = None) -> MemoryEstimate:
+                    sequences: int | None = None, expert_resident: float = 1.0) -> MemoryEstimate:
     """`cached_tokens_total`: KV tokens of all sequences; `sequences`: how many sequences hold a recurrent state
-    (required for models with recurrent layers)."""
+    (required for models with recurrent layers); `expert_resident`: what the routed experts occupy in the engine's
+    layout over their stored bytes (cost/op_formats.py expert_resident)."""
     if trace.state_bytes_per_sequence and sequences is None:
         raise ValueError(f"{trace.model} has recurrent layers: memory needs the number of sequences")
     # TP shards every weight; EP shards the routed experts, which hold nearly all of an MoE model's weights
-    weights = trace.weight_bytes / max(tp, ep)
+    weights = (trace.weight_bytes + expert_weight_bytes(trace) * (expert_resident - 1.0)) / max(tp, ep)
     return MemoryEstimate(weights=weights, kv_cache=kv_cache_bytes(trace, cached_tokens_total, tp),
                           activations=peak_activation_bytes(trace, tp), capacity=capacity_gb * GB,
                           state_cache=state_cache_bytes(trace, sequences or 0, tp))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from cost.engines import ENGINES, resolve_overheads
 from cost.estimate import BREAKDOWN_CLASSES, Estimate, Parallelism, estimate
 from cost.kernels import COMPUTE, MEMORY, OVERHEAD
+from cost.op_formats import expert_resident
 from cost.profile import HardwareProfile, load_profile
 from tracer.model_source import ModelSpec, resolve_model
 from tracer.table import format_table, human
@@ -111,7 +112,8 @@ def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: in
     est = estimate(t, hw, execution, Parallelism(tp, ep, ep_style), engine)
     # one unit throughout, GB of 10^9 bytes; the capacity is what the driver reports (cost/profile.py memory_bytes)
     memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_bytes / 1e9,
-                             sequences=info.num_queries)
+                             sequences=info.num_queries,
+                             expert_resident=expert_resident(t, engine, hw) if execution == "engine" else 1.0)
     return Result(spec.name, hw, config, info, t, est, memory)
 
 
