@@ -20,6 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from cost.engines import ENGINES, serving_overheads
+from cost.op_formats import expert_resident
 from serving.capacity import kv_admission, kv_admission_note, replica_memory, reserves_whole_output
 from serving.arrivals import ClosedLoopArrivals
 from serving.kv_cache import CACHE_POLICIES
@@ -62,7 +63,9 @@ def server_config(args, spec, hw, options) -> ServerConfig:
         defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         overheads = serving_overheads(args.engine, args.engine_release)[0]
         reserve, group = (overheads.reserve_gb, overheads.group_reserve_gb) if args.execution == "engine" else (0, 0)
-        free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size, group_reserve_gb=group).kv_cache
+        resident = expert_resident(probe, args.engine, hw) if args.execution == "engine" else 1.0
+        free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size, group_reserve_gb=group,
+                              expert_resident=resident).kv_cache
         if free <= 0:
             raise ValueError(f"{spec.name} does not fit on {hw.name} with TP={args.tp_size}: no room for a KV cache")
         gpu_gb = free / 1e9
