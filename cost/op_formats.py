@@ -88,8 +88,9 @@ def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe
     weight_bytes = STORED_BYTES[fmt]
     source = path["source"] if path else ""
     # vLLM runs mxfp4 through triton_kernels on SM90 (a GPU with fp8 units here) and Marlin below it
-    # (get_mxfp4_backend); only the measured layout is applied (engine_formats.json `resident`)
-    resident = (path or {}).get("resident", {}).get("fp8_units" if "fp8" in hw.matrix_tflops else "", 1.0)
+    # (get_mxfp4_backend); only the layout measured on the former is applied (engine_formats.json `resident`)
+    layout = (path or {}).get("resident", {})
+    resident = layout.get("fp8_units", 1.0) if "fp8" in hw.matrix_tflops else 1.0
     if moe and weight_bytes <= 0.6 and "int4" in moe_models:
         return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, source, resident=resident)
     k = rules.get("weight_only_kernel", {})      # its per-call cost is the dense GEMM's (fused MoE has its own)
@@ -134,11 +135,14 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
             continue
         key = (k.op.weight_role, f.kernel if f.how != WEIGHT_ONLY else f"{f.checkpoint} weight-only", f.how)
         table[key] = table.get(key, 0) + k.count
-        if f.how == WEIGHT_ONLY and (f.checkpoint not in weight_only
-                                     or f.math_peak_fraction < weight_only[f.checkpoint].math_peak_fraction):
-            if f.checkpoint in weight_only and weight_only[f.checkpoint].resident != 1.0:
-                f = replace(f, resident=weight_only[f.checkpoint].resident)
-            weight_only[f.checkpoint] = f    # the dense GEMMs' (their ceiling) over the experts'
+        if f.how == WEIGHT_ONLY:
+            # one note per format: the dense GEMMs' kernel terms (their ceiling) over the experts', and the
+            # experts' layout either way
+            held = weight_only.get(f.checkpoint)
+            if held is None or f.math_peak_fraction < held.math_peak_fraction:
+                weight_only[f.checkpoint] = replace(f, resident=max(f.resident, held.resident if held else 1.0))
+            elif f.resident > held.resident:
+                weight_only[f.checkpoint] = replace(held, resident=f.resident)
     if not table:
         return []
     label = ENGINES[engine].label

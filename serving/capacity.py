@@ -130,10 +130,9 @@ def expert_weight_bytes(trace: Trace) -> float:
 def weight_bytes_per_gpu(trace: Trace, tp: int = 1, ep: int = 1, pp: int = 1, expert_resident: float = 1.0) -> float:
     """Dense weights shard over TP, routed experts over EP (or TP without EP); PP splits the layers.
     `expert_resident`: what the experts occupy in the engine's layout over their stored bytes (cost/op_formats.py)."""
-    experts = expert_weight_bytes(trace) * expert_resident
+    stored = expert_weight_bytes(trace)
     held = _slot_share(trace, ep)
-    dense = trace.weight_bytes - expert_weight_bytes(trace)
-    return (dense / tp + experts * held / (ep if ep > 1 else tp)) / max(1, pp)
+    return ((trace.weight_bytes - stored) / tp + stored * expert_resident * held / (ep if ep > 1 else tp)) / max(1, pp)
 
 
 def _slot_share(trace: Trace, ep: int) -> float:
