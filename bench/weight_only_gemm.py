@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost.calibrate_engine import SYSTEM_PROFILES, split  # noqa: E402
+from cost.engine_pricing import weight_only_kernel  # noqa: E402
 from cost.kernel_db import KernelDBError, load_weight_only_gemm  # noqa: E402
 from cost.kernel_rows import gemm_rows_time  # noqa: E402
 from cost.op_formats import run_format  # noqa: E402
@@ -59,9 +60,8 @@ def main(argv=None) -> int:
             measured = table.seconds[idx]
             f = run_format(fmt, "linear", args.engine, hw, moe=False)
             plain = gemm_rows_time(cal, hw, "bf16", m, n, k, False, weight_bytes=f.weight_bytes).seconds
-            priced = gemm_rows_time(cal, hw, "bf16", m, n, k, False,
-                                    weight_bytes=f.weight_bytes / f.stream_fraction).seconds + f.call_us * 1e-6
-            priced = np.maximum(priced, 2.0 * m * n * k / (f.math_peak_fraction * hw.matrix_peak("bf16")))
+            bf16 = gemm_rows_time(cal, hw, "bf16", m, n, k, False, weight_bytes=f.weight_bytes / f.stream_fraction)
+            priced = weight_only_kernel(bf16, f, hw, 2.0 * m * n * k).seconds
             err = priced / measured - 1.0
             bands = [_stats(err[(m >= lo) & ((m <= hi) if hi else True)]) for lo, hi in M_BANDS]
             print(f"| {system} | {fmt} | {len(idx)} | {_stats(plain / measured - 1.0)} | {_stats(err)} | "

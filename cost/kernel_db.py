@@ -90,11 +90,12 @@ class _Store:
         return sorted({n.split("/")[-5] for n in self.files if n.count("/") >= 4})
 
 
-def _gemm(t) -> tuple[list, list]:
+def _gemm(t, dtypes: dict = _DTYPES) -> tuple[list, list]:
+    """The rows of the table dtypes `dtypes` names, each as GemmRow of the format it maps to."""
     rows, ms = [], []
     for dtype, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"]):
-        if dtype in _DTYPES:
-            rows.append(GemmRow(int(m), int(n), int(k), _DTYPES[dtype]))
+        if dtype in dtypes:
+            rows.append(GemmRow(int(m), int(n), int(k), dtypes[dtype]))
             ms.append(lat)
     return rows, ms
 
@@ -110,12 +111,7 @@ def load_weight_only_gemm(path: str, system: str, engine: str) -> KernelTable | 
     found = store.find(system, "gemm", engine, "gemm_perf.parquet")
     if found is None:
         return None
-    t = store.read(found)
-    rows, ms = [], []
-    for dtype, m, n, k, lat in zip(t["gemm_dtype"], t["m"], t["n"], t["k"], t["latency"]):
-        if dtype in _WEIGHT_ONLY_GEMM:
-            rows.append(GemmRow(int(m), int(n), int(k), _WEIGHT_ONLY_GEMM[dtype]))
-            ms.append(lat)
+    rows, ms = _gemm(store.read(found), _WEIGHT_ONLY_GEMM)
     return KernelTable("gemm_weight_only", found, rows, np.asarray(ms, dtype=float) * 1e-3) if rows else None
 
 

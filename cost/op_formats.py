@@ -21,6 +21,7 @@ from tracer.dtypes import TORCH_DTYPE_NAMES
 from tracer.work import GEMM, Op
 
 from .engines import ENGINES
+from .execution import ENGINE
 from .profile import HardwareProfile, ProfileError
 
 NATIVE, RULE, WEIGHT_ONLY = "native", "engine rule", "weight-only"
@@ -116,11 +117,11 @@ def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
                       moe=op.experts is not None, moe_models=moe_models)
 
 
-def expert_resident(trace, engine: str, hw: HardwareProfile) -> float:
+def expert_resident(trace, engine: str, hw: HardwareProfile, execution: str = ENGINE) -> float:
     """What the routed experts of `trace` occupy once the engine has laid them out, over their stored bytes
-    (1 for a model without routed experts, or a format the engine keeps as stored)."""
+    (1 for a model without routed experts, a format the engine keeps as stored, or eager execution)."""
     op = next((op for op in trace.ops if op.experts is not None), None)
-    if op is None:
+    if op is None or execution != ENGINE:
         return 1.0
     return op_format(op, engine, hw, trace.options.dtype, tuple(hw.engine(engine).moe)).resident
 

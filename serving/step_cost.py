@@ -329,11 +329,8 @@ class StepCost:
             probe = trace(self.spec, Request(1, max_batched_tokens, 0), self.options)
             mem = self._memory[key] = replica_memory(probe, self.hw, self.defaults, o.reserve_gb, self.par.tp,
                                                      self.par.pp, self.par.ep, memory_fraction, o.group_reserve_gb,
-                                                     self._expert_resident(probe))
+                                                     expert_resident(probe, self.engine, self.hw, self.execution))
         return mem
-
-    def _expert_resident(self, probe) -> float:
-        return expert_resident(probe, self.engine, self.hw) if self.execution == ENGINE else 1.0
 
     def _sampling(self, rows: int) -> float:
         t = self._sampled.get(rows)

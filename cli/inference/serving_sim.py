@@ -63,9 +63,8 @@ def server_config(args, spec, hw, options) -> ServerConfig:
         defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         overheads = serving_overheads(args.engine, args.engine_release)[0]
         reserve, group = (overheads.reserve_gb, overheads.group_reserve_gb) if args.execution == "engine" else (0, 0)
-        resident = expert_resident(probe, args.engine, hw) if args.execution == "engine" else 1.0
         free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size, group_reserve_gb=group,
-                              expert_resident=resident).kv_cache
+                              expert_resident=expert_resident(probe, args.engine, hw, args.execution)).kv_cache
         if free <= 0:
             raise ValueError(f"{spec.name} does not fit on {hw.name} with TP={args.tp_size}: no room for a KV cache")
         gpu_gb = free / 1e9

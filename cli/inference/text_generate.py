@@ -113,7 +113,7 @@ def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: in
     # one unit throughout, GB of 10^9 bytes; the capacity is what the driver reports (cost/profile.py memory_bytes)
     memory = estimate_memory(t, info.num_queries * info.seq_len, tp, ep, hw.memory_bytes / 1e9,
                              sequences=info.num_queries,
-                             expert_resident=expert_resident(t, engine, hw) if execution == "engine" else 1.0)
+                             expert_resident=expert_resident(t, engine, hw, execution))
     return Result(spec.name, hw, config, info, t, est, memory)
 
 
