@@ -43,3 +43,16 @@ def test_pr24322_sweep_is_every_cell_with_its_stated_acceptance():
         itl = r["itl_ms"]["mean"] if isinstance(r["itl_ms"], dict) else None
         if itl:
             assert itl == pytest.approx(r["tpot_ms"]["mean"] * r["spec_decode"]["acceptance"], rel=0.1)
+
+
+def test_the_benchmark_scores_tpot_and_tokens_per_second_not_ttft():
+    """Issue 22's criterion is TPOT and output tokens/s within 20%: a row off by 60% on TTFT alone still counts."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("speculative_accuracy", DATA.parents[1] / "speculative_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [{"id": "src-1", "setup": "eagle3 k=3", "error": {"ttft_ms": 0.6, "tpot_ms": -0.1, "output_tok_s": 0.15}},
+            {"id": "src-2", "setup": "eagle3 k=3", "error": {"ttft_ms": 0.0, "tpot_ms": -0.25, "output_tok_s": 0.1}}]
+    [line] = bench.summary(rows)
+    assert line[0] == "eagle3 (src)" and line[-1] == "1 of 2"
+    assert line[2:5] == ["17.5%", "12.5%", "30.0%"]     # TPOT, tok/s, TTFT medians of |error|
