@@ -46,11 +46,13 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
     w = k.op.attention
     kv_format = "fp8" if kv_bytes <= 1 else "bf16"
     window = w.window or 0
-    if w.query_length == 1 and w.context_length > 0:
-        kernel = ENGINES[cal.engine].decode_kernel(w.heads / w.kv_heads, w.kv_shares_storage)
+    engine = ENGINES[cal.engine]
+    if w.query_length == 1 and (w.context_length > 0 or engine.one_token_query_decodes):
+        kernel = engine.decode_kernel(w.heads / w.kv_heads, w.kv_shares_storage)
         p = attention_model(cal.decode_attention, kv_format, window > 0, "decode attention KV format", cal, kernel)
-        t = decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, w.batch, w.context_length, w.heads,
-                                  w.kv_heads, w.qk_head_dim, w.v_head_dim, window=window,
+        # a one-token prompt (engine.one_token_query_decodes) reads its own key
+        t = decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, w.batch, max(w.context_length, 1),
+                                  w.heads, w.kv_heads, w.qk_head_dim, w.v_head_dim, window=window,
                                   kv_bytes=1.0 if kv_format == "fp8" else 2.0, kv_shares_storage=w.kv_shares_storage)
     else:
         p = attention_model(cal.prefill_attention, kv_format, window > 0, "prefill attention KV format", cal)

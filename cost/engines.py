@@ -54,6 +54,10 @@ class Engine:
     # model types whose chat requests the engine's HTTP server renders without the model's Jinja chat template
     # (ServingOverheads.chat_template_ms)
     own_chat_renderers: tuple[str, ...] = ()
+    # a one-token query runs the decode kernel, whether it is a new request's whole prompt or a decode step
+    # (the engine splits its batch by query length); False: a new request's forward is a prefill (extend, context)
+    # call whatever its length
+    one_token_query_decodes: bool = False
 
     def decode_kernel(self, group: float, kv_shares_storage: bool = False) -> str:
         """'mha' where the engine runs a query-head group's decode on its multi-head kernel, else ''. MLA's absorbed
@@ -96,7 +100,14 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     # vLLM renders gpt-oss chats with openai_harmony, not a Jinja template (vllm/entrypoints/openai/serving_chat.py:
     # use_harmony where the model type is gpt_oss)
-    "vllm": Engine("vllm", "vLLM", custom_allreduce_max_bytes=8 * 2**20, own_chat_renderers=("gpt_oss",)),
+    # vLLM V1 runs every one-token query as a decode: FlashInfer's backend splits the batch at query length 1
+    # (vllm/v1/attention/backends/utils.py split_decodes_and_prefills, decode threshold 1) and FlashAttention's
+    # varlen call over the paged cache takes its split-KV decode kernel at one query row. The kernel tables agree:
+    # vLLM's context-attention rows of one-token prompts are timed on FlashInfer's decode kernel
+    # (kernel_source vllm_flashinfer_fidecode / vllm_flashinfer_trtllmdecode), on the same FlashAttention call as
+    # its decode rows elsewhere. SGLang (an extend batch) and TensorRT-LLM (a context request) prefill them.
+    "vllm": Engine("vllm", "vLLM", custom_allreduce_max_bytes=8 * 2**20, own_chat_renderers=("gpt_oss",),
+                   one_token_query_decodes=True),
     "sglang": Engine("sglang", "SGLang", custom_allreduce_max_bytes=8 * 2**20),
     # TensorRT-LLM's FP8 checkpoints (ModelOpt) carry static activation scales: RMSNorm, SwiGLU and the attention
     # kernels write FP8 directly

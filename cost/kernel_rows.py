@@ -259,12 +259,17 @@ def group_key(row, engine: str | None = None) -> tuple:
         return ("gemm", row.dtype)
     if isinstance(row, AttentionRow):
         kv_key = row.kv_dtype + ("_window" if row.window else "")
-        if row.phase == "decode":
-            kv_key = decode_kernel_key(kv_key, engine, row.heads / row.kv_heads)
+        if row.phase == "decode" or _decodes(row, engine):
+            return ("attention", "decode", decode_kernel_key(kv_key, engine, row.heads / row.kv_heads))
         return ("attention", row.phase, kv_key)
     if isinstance(row, MoeRow):
         return ("moe", row.dtype)
     return ("allreduce", row.impl, row.gpus)
+
+
+def _decodes(row: AttentionRow, engine: str | None) -> bool:
+    """A prefill row of one-token prompts that the engine runs on its decode kernel (Engine.one_token_query_decodes)."""
+    return row.phase == "prefill" and row.query == 1 and engine in ENGINES and ENGINES[engine].one_token_query_decodes
 
 
 def price_group(cal: EngineCalibration, hw: HardwareProfile, key: tuple, rows: list, params=None,
@@ -276,6 +281,8 @@ def price_group(cal: EngineCalibration, hw: HardwareProfile, key: tuple, rows: l
                               weight_bytes=weight_bytes)
     if kind == "attention":
         cols = _columns(rows, "batch", "query", "context", "heads", "kv_heads", "head_dim", "window")
+        if key[1] == "decode":   # a one-token prompt priced as a decode reads its own key
+            cols[2] = np.where([r.phase == "prefill" for r in rows], np.maximum(cols[2], 1), cols[2])
         return attention_rows_time(cal, hw, key[1], key[2], *cols, np.array([r.cold for r in rows]), params)
     if kind == "moe":
         return moe_rows_time(cal, hw, key[1], rows, params, weight_bytes=weight_bytes)

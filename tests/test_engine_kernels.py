@@ -624,3 +624,39 @@ def test_decode_rows_reading_kv_faster_than_the_memory_are_set_aside():
                      "memory delivers"]
     assert without_impossible_rows({"decode_attention": KernelTable("decode_attention", "t", [big], seconds[:1])},
                                    a100)[1] == []
+
+
+def test_vllm_runs_a_one_token_prompt_on_its_decode_kernel_and_the_others_prefill_it():
+    """vLLM splits its batch at query length 1, so a one-token prompt is a decode call over its own key (the
+    kernel tables time those rows on FlashInfer's decode kernel); SGLang's extend and TensorRT-LLM's context calls
+    prefill it. Kernel rows and a model step agree."""
+    from cost.engine_pricing import attention_seconds
+    from cost.kernel_rows import AttentionRow, group_key
+    one = AttentionRow("prefill", 64, 1, 0, 32, 8, 128)
+    assert group_key(one, "vllm") == ("attention", "decode", "bf16")
+    assert group_key(replace(one, kv_dtype="fp8", window=128), "vllm") == ("attention", "decode", "fp8_window")
+    assert group_key(replace(one, query=2), "vllm") == ("attention", "prefill", "bf16")
+    assert group_key(one, "sglang") == group_key(one, "trtllm") == ("attention", "prefill", "bf16")
+
+    hw = load_profile("h100")
+    cal = hw.engine("vllm")
+    (got,) = price_rows(cal, hw, [one])
+    want = decode_attention_time(cal.decode_attention["bf16"], hw.compute_units, hw.bandwidth, hw.l2_bytes, 64, 1,
+                                 32, 8, 128, resident=True).seconds
+    assert math.isclose(got, float(want), rel_tol=1e-9)
+    prefill = price_rows(hw.engine("sglang"), hw, [one])[0]
+    assert not math.isclose(prefill, got, rel_tol=0.05)
+
+    # a model step of 64 one-token prompts with nothing cached: the same decode model on vLLM, a prefill elsewhere
+    from tracer import TraceOptions, resolve_model, trace
+    from tracer.work import Request
+    step = trace(resolve_model("llama-3.1-8b"), Request(64, 1, 0), TraceOptions())
+    [op] = [o for o in step.ops if o.attention is not None][:1]
+    kernel = type("K", (), {"op": op})()
+    vllm_s = attention_seconds(kernel, hw, cal, 2.0).seconds
+    w = op.attention
+    decode = decode_attention_time(cal.decode_attention["bf16"], hw.compute_units, hw.bandwidth, hw.l2_bytes,
+                                   w.batch, 1, w.heads, w.kv_heads, w.qk_head_dim, w.v_head_dim).seconds
+    assert math.isclose(vllm_s, float(decode), rel_tol=1e-9)
+    sglang_cal = hw.engine("sglang")
+    assert not math.isclose(attention_seconds(kernel, hw, sglang_cal, 2.0).seconds, vllm_s, rel_tol=0.05)
