@@ -13,6 +13,7 @@ import numpy as np
 
 from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
                              PrefillAttentionParams, StreamParams, quant_time)
+from .engines import ENGINES
 from .kernel_db import COLLECTORS, Collector, KernelTable
 from .kernel_rows import group_rows, price_group
 from .profile import HardwareProfile
@@ -94,7 +95,10 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     cal = EngineCalibration(engine=engine, origin=origin, release=release)
     say = progress or (lambda message: None)
     if only is not None:   # a table (moe) or one format's group of it (moe/bf16)
-        tables = {name: t for name, t in tables.items() if name in only or any(o.startswith(f"{name}/") for o in only)}
+        wanted = {o.split("/")[0] for o in only}
+        if "decode_attention" in wanted and ENGINES[engine].one_token_query_decodes:
+            wanted.add("prefill_attention")   # its one-token prompts are decode rows (below)
+        tables = {name: t for name, t in tables.items() if name in wanted}
 
     if "quant" in tables:
         t = tables["quant"]
@@ -116,34 +120,51 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     taken = keep.inherited if keep else {}
     sections = {name: {k: v for k, v in getattr(keep, name).items() if f"{name}.{k}" not in taken} if keep else {}
                 for name in ("gemm", "prefill_attention", "decode_attention", "moe", "allreduce")}
+    # a kernel model's rows may come from more than one table: vLLM's one-token prompts of the context table run
+    # its decode kernel (cost/engines.py one_token_query_decodes) and join the decode rows' fit
+    groups: dict[tuple, tuple[list, list]] = {}
     for name in ("gemm", "prefill_attention", "decode_attention", "moe", "custom_allreduce", "nccl"):
         if name not in tables:
             continue
         t = tables[name]
         keep = split(len(t.rows), seed, fraction)
         for key, index in _groups(t, engine).items():
-            fit_index = _subset(index[keep[index]], rng)
-            if len(fit_index) < 8 or (only is not None and name not in only and f"{name}/{key[-1]}" not in only):
-                continue
-            rows = [t.rows[i] for i in fit_index]
-            start = _start(key, base)
-            fresh = start.defaults_keeping_data()   # a restart from the defaults on the same kernel
-            if key[0] == "gemm" and key[1] in collector.host_issued_gemm:
-                # the host's issue time binds only where it is above the device's: start it at the floor; a
-                # previous fit without it put that floor into the device terms, so it is no start
-                floor = float(np.percentile(t.seconds[fit_index], 10)) * 1e6
-                start = start if start.host_us > 0.0 else fresh
-                start, fresh = (replace(s, host_us=s.host_us or floor) for s in (start, fresh))
-            restarts = [fresh] if fresh != start else []
-            if sibling is not None and (other := _start(key, sibling)) not in (start, fresh):
-                restarts.append(other)
-            params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
-                                       t.seconds[fit_index], restarts=tuple(restarts))
-            _store(sections, key, params)
-            say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
+            rows, seconds = groups.setdefault(key, ([], []))
+            rows += [t.rows[i] for i in index[keep[index]]]
+            seconds += list(t.seconds[index[keep[index]]])
+    for key, (members, member_seconds) in groups.items():
+        name = _section(key)
+        fit_index = _subset(np.arange(len(members)), rng)
+        if len(fit_index) < 8 or (only is not None and name not in only and f"{name}/{key[-1]}" not in only):
+            continue
+        rows, measured = [members[i] for i in fit_index], np.array(member_seconds)[fit_index]
+        start = _start(key, base)
+        fresh = start.defaults_keeping_data()   # a restart from the defaults on the same kernel
+        if key[0] == "gemm" and key[1] in collector.host_issued_gemm:
+            # the host's issue time binds only where it is above the device's: start it at the floor; a
+            # previous fit without it put that floor into the device terms, so it is no start
+            floor = float(np.percentile(measured, 10)) * 1e6
+            start = start if start.host_us > 0.0 else fresh
+            start, fresh = (replace(s, host_us=s.host_us or floor) for s in (start, fresh))
+        restarts = [fresh] if fresh != start else []
+        if sibling is not None and (other := _start(key, sibling)) not in (start, fresh):
+            restarts.append(other)
+        params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
+                                   measured, restarts=tuple(restarts))
+        _store(sections, key, params)
+        say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
     return replace(cal, gemm=sections["gemm"], prefill_attention=sections["prefill_attention"],
                    decode_attention=sections["decode_attention"], moe=sections["moe"], allreduce=sections["allreduce"],
                    carried=base.carried if base is not None else {})
+
+
+def _section(key: tuple) -> str:
+    """The table name a kernel model's group belongs to, as `--only` names it."""
+    if key[0] == "attention":
+        return f"{key[1]}_attention"
+    if key[0] == "allreduce":
+        return "custom_allreduce" if key[1] == "custom" else "nccl"
+    return key[0]
 
 
 def _start(key: tuple, base: EngineCalibration | None):

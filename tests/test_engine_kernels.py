@@ -660,3 +660,25 @@ def test_vllm_runs_a_one_token_prompt_on_its_decode_kernel_and_the_others_prefil
     assert math.isclose(vllm_s, float(decode), rel_tol=1e-9)
     sglang_cal = hw.engine("sglang")
     assert not math.isclose(attention_seconds(kernel, hw, sglang_cal, 2.0).seconds, vllm_s, rel_tol=0.05)
+
+
+def test_vllm_one_token_context_rows_join_its_decode_fit_and_only_that(monkeypatch):
+    """A refit groups rows by the kernel that runs them, across tables: vLLM's one-token prompts from the context
+    table are fitted with its decode rows, and `--only prefill_attention` leaves its decode models alone."""
+    import cost.calibrate_engine as ce
+    from cost.kernel_db import KernelTable
+    from cost.kernel_rows import AttentionRow
+    hw = load_profile("h100")
+    cal = hw.engine("vllm")
+    decode = [AttentionRow("decode", b, 1, c, 32, 8, 128) for b in (1, 16, 256) for c in (255, 4095)]
+    context = [AttentionRow("prefill", b, q, 0, 32, 8, 128) for b in (1, 8, 64, 256) for q in (1, 1, 512, 2048, 4096)]
+    tables = {name: KernelTable(name, "synthetic", rows, price_rows(cal, hw, rows))
+              for name, rows in (("decode_attention", decode), ("prefill_attention", context))}
+    fits = []
+    monkeypatch.setattr(ce, "least_squares_fit", lambda start, predict, measured, restarts=(): fits.append(
+        (start, len(measured))) or start)
+    ce.calibrate(tables, hw, "vllm", "test", fraction=1.0, base=cal, only={"decode_attention"})
+    assert fits == [(cal.decode_attention["bf16"], len(decode) + 8)]    # the eight one-token context rows joined
+    fits.clear()
+    fitted = ce.calibrate(tables, hw, "vllm", "test", fraction=1.0, base=cal, only={"prefill_attention"})
+    assert fits == [(cal.prefill_attention["bf16"], 12)] and fitted.decode_attention == cal.decode_attention
