@@ -13,7 +13,6 @@ import numpy as np
 
 from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
                              PrefillAttentionParams, StreamParams, quant_time)
-from .engines import ENGINES
 from .kernel_db import COLLECTORS, Collector, KernelTable
 from .kernel_rows import group_rows, price_group
 from .profile import HardwareProfile
@@ -94,11 +93,13 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     collector = COLLECTORS.get(engine, Collector())
     cal = EngineCalibration(engine=engine, origin=origin, release=release)
     say = progress or (lambda message: None)
-    if only is not None:   # a table (moe) or one format's group of it (moe/bf16)
+    # rows by the kernel model that prices them; a model's rows may come from more than one table: vLLM's one-token
+    # prompts of the context table run its decode kernel (cost/engines.py one_token_query_decodes)
+    grouped = {name: _groups(t, engine) for name, t in tables.items() if name != "quant"}
+    if only is not None:   # sections (moe) or one format's group of one (moe/bf16), and the tables holding their rows
         wanted = {o.split("/")[0] for o in only}
-        if "decode_attention" in wanted and ENGINES[engine].one_token_query_decodes:
-            wanted.add("prefill_attention")   # its one-token prompts are decode rows (below)
-        tables = {name: t for name, t in tables.items() if name in wanted}
+        tables = {name: t for name, t in tables.items()
+                  if name in wanted or any(_section(key) in wanted for key in grouped.get(name, ()))}
 
     if "quant" in tables:
         t = tables["quant"]
@@ -120,15 +121,13 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     taken = keep.inherited if keep else {}
     sections = {name: {k: v for k, v in getattr(keep, name).items() if f"{name}.{k}" not in taken} if keep else {}
                 for name in ("gemm", "prefill_attention", "decode_attention", "moe", "allreduce")}
-    # a kernel model's rows may come from more than one table: vLLM's one-token prompts of the context table run
-    # its decode kernel (cost/engines.py one_token_query_decodes) and join the decode rows' fit
     groups: dict[tuple, tuple[list, list]] = {}
     for name in ("gemm", "prefill_attention", "decode_attention", "moe", "custom_allreduce", "nccl"):
         if name not in tables:
             continue
         t = tables[name]
         keep = split(len(t.rows), seed, fraction)
-        for key, index in _groups(t, engine).items():
+        for key, index in grouped[name].items():
             rows, seconds = groups.setdefault(key, ([], []))
             rows += [t.rows[i] for i in index[keep[index]]]
             seconds += list(t.seconds[index[keep[index]]])
