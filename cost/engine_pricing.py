@@ -67,7 +67,7 @@ def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Run
     p = _section(cal.moe, fmt.kernel, "fused MoE", cal)
     _, compute_dtype, _ = WEIGHT_FORMATS[fmt.kernel]
     weight_bytes = fmt.weight_bytes / fmt.stream_fraction
-    stats = routing_stats("random", c.tokens, c.experts, c.top_k, c.ep)
+    stats = routing_stats("random", c.tokens, c.experts, c.top_k, c.ep, c.imbalance)
     t = moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, c.tokens, c.hidden,
                  c.inter / c.tp, c.top_k, stats.pairs, stats.active_experts, stats.padded_tiles, gated=c.gated,
                  weight_bytes=weight_bytes).scalar()

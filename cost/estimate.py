@@ -216,12 +216,15 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         comm = _eager_communication(trace, par, hw)
     else:
         cal = hw.engine(engine)
-        formats = [op_format(k.op, engine, hw, trace.options.dtype, tuple(cal.moe)) if k.op_class == GEMM else None
-                   for k in kernels]
+        formats = [op_format(k.op, engine, hw, trace.options.dtype, tuple(cal.moe), tuple(cal.gemm))
+                   if k.op_class == GEMM else None for k in kernels]
         priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, f, trace.kv_element_size))
                   for k, f in zip(kernels, formats)]
         notes += formats_note(kernels, formats, engine, hw)
         experts = next((op.experts.num_experts for op in trace.ops if op.experts is not None), 0)
+        if experts and trace.options.moe_imbalance != 1.0:
+            notes.append(f"MoE imbalance {trace.options.moe_imbalance:g}: every expert of a rank is priced at that "
+                         f"many times its share of the tokens (the busiest one sets the pace)")
         if experts and expert_slots(experts, par.ep) != experts:
             slots = expert_slots(experts, par.ep)
             layout_notes.append(f"EP {par.ep} over {experts} routed experts: {slots} expert slots ({slots // par.ep} "

@@ -34,6 +34,7 @@ class MoeCall:
     tp: int
     ep: int
     style: str
+    imbalance: float = 1.0     # tokens on the busiest expert over a balanced share (--moe-imbalance)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def _moe_call(op: Op, tp: int, ep: int, style: str, attention_dp: int = 1) -> Mo
     tokens = tokens if style == EP_ALL_TOKENS else max(1, round(tokens * w.top_k / ep))
     return MoeCall(tokens=tokens, hidden=w.hidden_size, inter=w.intermediate_size, experts=expert_slots(w.num_experts, ep),
                    top_k=w.top_k if style == EP_ALL_TOKENS else 1, gated=w.gated, tp=max(1, tp // ep) if ep > 1 else tp, ep=ep,
-                   style=style)
+                   style=style, imbalance=w.imbalance)
 
 
 def _engine_kernels(ops: list[Op], tp: int = 1, ep: int = 1, ep_style: str = EP_ALL_TOKENS,

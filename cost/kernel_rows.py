@@ -322,7 +322,7 @@ def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -
             by_role.setdefault(getattr(rows[i], "role", "experts"), []).append(i)
         for role, part in by_role.items():
             f = run_format(CHECKPOINT_FORMAT.get(key[1], key[1]), role, cal.engine, hw, moe=key[0] == "moe",
-                           moe_models=tuple(cal.moe))
+                           moe_models=tuple(cal.moe), gemm_models=tuple(cal.gemm))
             group = [rows[i] for i in part]
             t = price_group(cal, hw, (key[0], f.kernel), group, weight_bytes=f.weight_bytes / f.stream_fraction)
             if f.how == WEIGHT_ONLY:

@@ -54,6 +54,9 @@ class RunFormat:
     stream_fraction: float = 1.0
     call_us: float = 0.0
     resident: float = 1.0  # what the weights occupy in the engine's layout, over their stored bytes
+    # weight-only although the device has the format's matrix units: its kernel models (carried over from a donor
+    # device) have no fit of the native kernel, so the format is priced as the engines' weight-only path
+    unfitted_native: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -66,9 +69,10 @@ def _stored(fmt: str) -> str:
 
 
 def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe: bool,
-               moe_models: tuple[str, ...] = ()) -> RunFormat:
-    """`moe_models`: the engine's fused-MoE kernel models on this device (a 4-bit weight-only MoE layer takes the
-    int4 fit when there is one)."""
+               moe_models: tuple[str, ...] = (), gemm_models: tuple[str, ...] = ()) -> RunFormat:
+    """`moe_models`, `gemm_models`: the engine's fused-MoE and GEMM kernel models on this device (a 4-bit
+    weight-only MoE layer takes the int4 fit when there is one; a native kernel without a model here runs the
+    weight-only path). Empty: not checked."""
     fmt = _stored(checkpoint)
     if fmt not in KERNELS:
         raise ProfileError(f"no engine kernel model for weight format '{checkpoint}' (known: {', '.join(KERNELS)})")
@@ -78,9 +82,15 @@ def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe
         return RunFormat("bf16", 2.0, fmt, RULE, rule["source"])
     gemm_kernel, moe_kernel, matrix = KERNELS[fmt]
     kernel = moe_kernel if moe else gemm_kernel
-    if kernel is not None and matrix in hw.matrix_tflops:
+    models = moe_models if moe else gemm_models
+    native = kernel is not None and matrix in hw.matrix_tflops
+    if native and (not models or kernel in models):
         return RunFormat(kernel, STORED_BYTES[fmt] if fmt == "mxfp4" else _kernel_bytes(kernel), fmt)
     path = rules.get("weight_only", {}).get(fmt)
+    if native and path is None:
+        raise ProfileError(f"{ENGINES[engine].label}: no {'fused MoE' if moe else 'GEMM'} kernel model for "
+                           f"'{kernel}' on {hw.name} (has: {', '.join(models) or 'none'}) and no weight-only path "
+                           f"for {fmt} weights to price instead")
     if matrix is not None and path is None:
         has = [ENGINES[e].label for e in ENGINES if fmt in engine_rules().get(e, {}).get("weight_only", {})]
         raise ProfileError(f"{ENGINES[engine].label} has no weight-only path for {fmt} weights on {hw.name}, which "
@@ -93,10 +103,11 @@ def run_format(checkpoint: str, role: str, engine: str, hw: HardwareProfile, moe
     layout = (path or {}).get("resident", {})
     resident = layout.get("fp8_units", 1.0) if "fp8" in hw.matrix_tflops else 1.0
     if moe and weight_bytes <= 0.6 and "int4" in moe_models:
-        return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, source, resident=resident)
+        return RunFormat("int4", weight_bytes, fmt, WEIGHT_ONLY, source, resident=resident, unfitted_native=native)
     k = rules.get("weight_only_kernel", {})      # its per-call cost is the dense GEMM's (fused MoE has its own)
     return RunFormat("bf16", weight_bytes, fmt, WEIGHT_ONLY, source, k.get("math_peak_fraction", 1.0),
-                     k.get("stream_fraction", 1.0), 0.0 if moe else k.get("call_us", {}).get(fmt, 0.0), resident)
+                     k.get("stream_fraction", 1.0), 0.0 if moe else k.get("call_us", {}).get(fmt, 0.0), resident,
+                     native)
 
 
 def _kernel_bytes(kernel: str) -> float:
@@ -105,7 +116,7 @@ def _kernel_bytes(kernel: str) -> float:
 
 
 def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
-              moe_models: tuple[str, ...] = ()) -> RunFormat:
+              moe_models: tuple[str, ...] = (), gemm_models: tuple[str, ...] = ()) -> RunFormat:
     """A GEMM kernel's format. A GEMM of two activations or of a buffer (attention scores, a rotary table) has
     no weight to quantize: bf16. A weight GEMM without a recorded format (an op built by hand) takes `default`."""
     reads_weights = op is not None and (op.experts is not None or op.weight_operand == "param"
@@ -114,7 +125,7 @@ def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
         return RunFormat("bf16", 2.0, "bf16")
     checkpoint = op.weight_format or default
     return run_format(checkpoint, op.weight_role or ("experts" if op.experts is not None else "linear"), engine, hw,
-                      moe=op.experts is not None, moe_models=moe_models)
+                      moe=op.experts is not None, moe_models=moe_models, gemm_models=gemm_models)
 
 
 def expert_resident(trace, engine: str, hw: HardwareProfile, execution: str = ENGINE) -> float:
@@ -152,6 +163,10 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
     notes = [f"formats ({label} on {hw.name}, kernels per step): " + ", ".join(parts)]
     for fmt, f in weight_only.items():
         lacks = f", which has no {KERNELS[fmt][2]} matrix units" if KERNELS[fmt][2] else ""
+        if f.unfitted_native:
+            lacks = (f", which has {KERNELS[fmt][2]} matrix units but no fit of {label}'s native {fmt} kernel "
+                     f"among its kernel models (carried over from another device): slower than the native "
+                     f"kernel would run")
         width = f"{f.weight_bytes:g} byte" + ("" if f.weight_bytes == 1 else "s")
         notes.append(f"formats: {fmt} weights run weight-only on {hw.name}{lacks}: read at {width} a weight, "
                      f"dequantized in the GEMM, bf16 math; priced with "

@@ -264,10 +264,14 @@ def _eagle3_draft(target: ModelSpec) -> ModelSpec:
     c = {**(target.config.get("text_config") or {}), **target.config}
     hidden = int(c["hidden_size"])
     heads = int(c.get("num_attention_heads") or max(1, hidden // 128))
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    if hidden % heads:      # a target whose attention is wider than its hidden size (GLM-4.5: 96 x 128 over 4096):
+        heads = max(1, hidden // head_dim)      # the head is a plain Llama layer, heads of the target's head dim
+        kv_heads = kv_heads if heads % kv_heads == 0 else heads
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-              "num_hidden_layers": 1, "num_attention_heads": heads,
-              "num_key_value_heads": int(c.get("num_key_value_heads") or heads),
-              "head_dim": int(c.get("head_dim") or hidden // heads),
+              "num_hidden_layers": 1, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "head_dim": head_dim,
               "intermediate_size": int(c.get("intermediate_size") or 4 * hidden), "vocab_size": EAGLE3_VOCAB,
               "max_position_embeddings": int(c.get("max_position_embeddings") or 131072),
               "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "tie_word_embeddings": False}

@@ -42,6 +42,22 @@ def test_all_tokens_expert_parallelism_does_not_divide_the_layer_by_ep():
     assert any("dispatch-style EP" in n for n in dispatch.notes)
 
 
+def test_moe_imbalance_slows_the_engines_fused_moe_as_it_does_eager():
+    """--moe-imbalance F: the busiest expert takes F times its share and sets the pace, in engine execution too
+    (it was dropped there: the fused-MoE layer priced balanced routing whatever F)."""
+    hw = load_profile("h100")
+
+    def moe_ms(imbalance: float) -> float:
+        t = trace("qwen3-30b-a3b", Request(1, 8192, 0), TraceOptions(moe_imbalance=imbalance))
+        e = estimate(t, hw, ENGINE)
+        assert (imbalance != 1.0) == any(n.startswith("MoE imbalance") for n in e.notes)
+        return sum(pk.total_seconds for pk in e.kernels if pk.kernel.moe is not None) * 1e3
+
+    one, two, four = moe_ms(1.0), moe_ms(2.0), moe_ms(4.0)
+    assert one < two < four
+    assert 1.5 < two / one <= 2.0 + 1e-9      # prefill experts are compute-bound: near F, never beyond it
+
+
 def test_engine_all_reduce_picks_custom_or_nccl_like_the_engine():
     h200, l40s = load_profile("h200"), load_profile("l40s")
     small_nvlink = engine_allreduce_seconds(64 * 1024, 8, h200, "vllm")

@@ -1,4 +1,5 @@
 """Serving layouts as engine launch commands (cli/inference/launch_commands.py): the documented flags."""
+import json
 import re
 import shlex
 
@@ -119,6 +120,20 @@ def test_vllm_gets_a_max_model_len_only_where_its_kv_cache_is_short(capsys):
     assert "--max-model-len 3072" in capsys.readouterr().out   # 2560 tokens asked, rounded up to 1024
     assert main([*args, "--device", "h100"]) == 0
     assert "--max-model-len" not in capsys.readouterr().out
+
+
+def test_an_engine_the_device_cannot_run_is_not_emitted(capsys):
+    """--emit trtllm on MI300X printed a trtllm-serve line for AMD GPUs, though --engine trtllm is refused there;
+    an emitted engine other than the priced one says its speeds are another engine's."""
+    from cli.inference.throughput_optimizer import main
+    args = ["llama-3.1-8b", "--num-devices", "1", "--input-length", "1024", "--output-length", "128"]
+    assert main([*args, "--device", "mi300x", "--emit", "trtllm"]) == 2
+    out = capsys.readouterr()
+    assert "trtllm-serve" not in out.out and "TensorRT-LLM runs on NVIDIA GPUs only" in out.err
+    assert main([*args, "--device", "h100", "--emit", "sglang", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "sglang" in result["launch_command"] and any(
+        w.startswith("--emit sglang: the layout is ranked with vLLM's") for w in result["warnings"])
 
 
 def test_bad_layouts_are_refused():

@@ -48,6 +48,30 @@ def test_eagle3_draft_is_one_llama_layer_with_its_own_head():
     assert gemm_flops(run) == pytest.approx(2 * n * (layer + h * 32000), rel=1e-3)
 
 
+def test_eagle3_draft_of_a_target_with_attention_wider_than_its_hidden_size():
+    """GLM-4.5-Air: 96 heads of 128 over a hidden size of 4096. Its head is a plain Llama layer of width 4096
+    (transformers refuses 96 heads there): 32 heads of the target's head dim, q/o projections h x h."""
+    target = resolve_model("glm-4.5-air")
+    draft = draft_spec(target, parse_speculation("eagle3", 3))
+    c, d = target.config, draft.config
+    assert (d["hidden_size"], d["num_attention_heads"], d["head_dim"]) == (c["hidden_size"], 32, c["head_dim"])
+    assert d["num_attention_heads"] % d["num_key_value_heads"] == 0
+    h, i, kv = d["hidden_size"], d["intermediate_size"], d["num_key_value_heads"] * d["head_dim"]
+    n = 16
+    run = trace(draft, Request(n, 1, 0))
+    assert gemm_flops(run) == pytest.approx(2 * n * (2 * h * h + 2 * h * kv + 3 * h * i + h * 32000), rel=1e-3)
+
+
+def test_a_config_error_names_its_reason_not_only_its_heading():
+    from tracer.build import _first_line
+    error = ValueError("Class validation error for validator 'validate_architecture':\n"
+                       "ValueError: The hidden size (4096) is not a multiple of the number of attention heads (96)\n"
+                       "  more detail")
+    assert _first_line(error) == ("Class validation error for validator 'validate_architecture': ValueError: The "
+                                  "hidden size (4096) is not a multiple of the number of attention heads (96)")
+    assert _first_line(ValueError("one line\nsecond")) == "one line"
+
+
 def test_mtp_draft_is_one_moe_layer_and_its_memory_counts():
     target = resolve_model("deepseek-v3")
     draft = draft_spec(target, parse_speculation("mtp", 1))

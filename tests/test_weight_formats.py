@@ -137,6 +137,22 @@ def test_engine_rule_and_device_capability_in_run_format():
     assert (f.kernel, f.weight_bytes, f.how) == ("bf16", 0.5, "weight-only")
 
 
+def test_fp4_units_without_a_fitted_fp4_kernel_run_weight_only_and_say_so():
+    """MI355X has FP4 matrix units, but its kernel models are carried over (MI300X <- H100) without an FP4 fit:
+    its MXFP4 weights were refused ("no GEMM format 'nvfp4' kernel model") where devices without FP4 units price
+    them weight-only. B200, with its own nvfp4 fit, runs them natively."""
+    mi355x, b200 = load_profile("mi355x"), load_profile("b200")
+    cal = mi355x.engine("vllm")
+    f = run_format("mxfp4", "linear", "vllm", mi355x, moe=False, gemm_models=tuple(cal.gemm))
+    assert (f.kernel, f.how, f.unfitted_native) == ("bf16", "weight-only", True)
+    native = run_format("mxfp4", "linear", "vllm", b200, moe=False, gemm_models=tuple(b200.engine("vllm").gemm))
+    assert (native.kernel, native.how) == ("nvfp4", "native")
+    t = trace("llama-3.1-8b", Request(1, 2048, 0), TraceOptions(dtype="mxfp4"))
+    e = estimate(t, mi355x, engine="vllm")
+    assert e.latency_s > 0
+    assert any("has fp4 matrix units but no fit of vLLM's native mxfp4 kernel" in n for n in e.notes)
+
+
 def test_marlin_math_ceiling_at_large_batch():
     """vLLM and SGLang run weight-only GEMMs through Marlin, whose math stops at 0.45 of the bf16 peak from 64
     rows (vLLM PR #2497's A100 sweep: 141 TFLOP/s); a small batch still streams the narrower weights faster."""

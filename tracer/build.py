@@ -94,8 +94,11 @@ def make_config(spec: ModelSpec, trust_remote_code: bool):
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""
+    """The message's first line, and the one after it where the first only announces it (ends with ':')."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def model_class(config, trust_remote_code: bool):

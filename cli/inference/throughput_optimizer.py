@@ -19,7 +19,7 @@ import math
 import sys
 from dataclasses import replace
 
-from cost.engines import ENGINES
+from cost.engines import ENGINES, engine_refusal
 from cost.layout_checks import Layout as CheckedLayout, ModelFacts, check_layout
 from serving.capacity import kv_admission
 from serving.layouts import LayoutSpace, layouts
@@ -131,6 +131,14 @@ def optimize(args, on_progress=None) -> dict:
     spec, hw, options = model_spec(args), load_device(args), trace_options(args)
     num_devices = _num_devices(args, hw)
     flag_warnings: list[str] = []
+    if args.emit:
+        why = engine_refusal(args.emit, hw.vendor, hw.name)
+        if why:
+            raise InputError(f"--emit {args.emit}: {why}")
+        if args.emit != args.engine and args.execution == "engine":
+            flag_warnings.append(f"--emit {args.emit}: the layout is ranked with {ENGINES[args.engine].label}'s "
+                                 f"kernels and overheads (--engine {args.engine}); {ENGINES[args.emit].label} "
+                                 f"would serve it at other speeds")
     rate, mix = _hit_rate(args, flag_warnings)
     defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
     budget = args.max_prefill_tokens or defaults.max_batched_tokens

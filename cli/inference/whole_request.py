@@ -56,7 +56,8 @@ class WholeRequest:
 
     def as_json(self) -> dict:
         w = self.walk
-        ms = lambda stats: {k: v * 1e3 for k, v in stats.items()}  # noqa: E731
+        # a statistic with no samples (one output token has no TPOT) is null, not an empty object
+        ms = lambda stats: {k: v * 1e3 for k, v in stats.items()} or None  # noqa: E731
         return {"model": self.model, "device": self.hw.name, "phase": "whole_request",
                 "engine": self.engine if self.kv_tokens is not None else None,
                 "execution": "engine" if self.kv_tokens is not None else "eager",

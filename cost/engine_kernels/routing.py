@@ -38,11 +38,13 @@ def balanced(tokens: int, experts: int, top_k: int, ep: int = 1) -> RoutingStats
     return _stats(counts[: experts // ep])
 
 
-def random_uniform(tokens: int, experts: int, top_k: int, ep: int = 1) -> RoutingStats:
-    """Expected statistics when every token picks top_k distinct experts uniformly at random."""
+def random_uniform(tokens: int, experts: int, top_k: int, ep: int = 1, imbalance: float = 1.0) -> RoutingStats:
+    """Expected statistics when every token picks top_k distinct experts uniformly at random. `imbalance`: every
+    local expert takes that many times its share (at most every token), as the busiest expert of a skewed routing
+    does: the pessimistic reading of --moe-imbalance, the busiest expert setting the pace."""
     local = experts // ep
     p_hit = min(1.0, top_k / experts)
-    mean = tokens * p_hit
+    mean = min(float(tokens), tokens * p_hit * imbalance)
     active = local * (1.0 - (1.0 - p_hit) ** tokens)
     # an active expert needs at least one tile and pads its last one by about half a tile
     p_active = active / local
@@ -82,9 +84,12 @@ def power_law(tokens: int, experts: int, top_k: int, ep: int, alpha: float) -> R
 ROUTINGS = ("random", "balanced", "power_law_1.01", "power_law_1.2")
 
 
-def routing_stats(routing: str, tokens: int, experts: int, top_k: int, ep: int = 1) -> RoutingStats:
+def routing_stats(routing: str, tokens: int, experts: int, top_k: int, ep: int = 1,
+                  imbalance: float = 1.0) -> RoutingStats:
     if routing == "random":
-        return random_uniform(tokens, experts, top_k, ep)
+        return random_uniform(tokens, experts, top_k, ep, imbalance)
+    if imbalance != 1.0:
+        raise ValueError(f"routing '{routing}' draws its own loads: an imbalance factor applies to random routing")
     if routing == "balanced":
         return balanced(tokens, experts, top_k, ep)
     if routing.startswith("power_law_"):
