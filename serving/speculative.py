@@ -345,7 +345,13 @@ class SpeculativeStep:
             notes.append(f"{ENGINES[self.target.engine].label} speculates without its "
                          f"overlap scheduler: {h.step_us:g} us per step and {h.seq_us:g} us per running request of "
                          f"host work run in series with the GPU ({self._serial_origin})")
-        return self.target.formats_notes() + notes
+        t = self.target
+        if t.execution == "engine" and not all(p.shares_kv_head_ctas
+                                               for p in t.hw.engine(t.engine).prefill_attention.values()):
+            notes.append(f"verification attention priced with {ENGINES[t.engine].label}'s context-kernel model, a CTA "
+                         f"per query head; its generation-phase speculative kernel (XQA) packs a KV head's query "
+                         f"heads, so on a GQA model the verification's attention may be priced high")
+        return t.formats_notes() + notes
 
     def serial_host_s(self, sequences: float) -> float:
         """The host work the engine runs in series with the GPU in a speculative step of `sequences` requests."""

@@ -534,6 +534,22 @@ def test_gqa_packing_rule_is_a_fitted_choice():
                       float(prefill_attention_time(PrefillAttentionParams(pack_gqa=0.0), *long).seconds))
 
 
+def test_a_kernel_that_never_shares_ctas_among_query_heads_prices_short_queries_by_query_heads():
+    """TensorRT-LLM's context FMHA runs a CTA per (sequence, query head, query tile): its one- and 16-token rows take
+    the same time at every KV-head count (h200_sxm: 64 sequences x 16 query heads, 39.9 us over one KV head, 40.5
+    us over 16), which GQA packing priced at 17.8 and 45.2."""
+    args = (132, 989e12, 67e12, 3.35e12, 50e6, 64, 1, 0, 16)     # 64 one-token prompts, 16 query heads
+    never = PrefillAttentionParams(shares_kv_head_ctas=0)
+    one_kv, all_kv = (float(prefill_attention_time(never, *args, kv, 128).compute_s) for kv in (1, 16))
+    assert np.isclose(one_kv, all_kv)
+    packs = PrefillAttentionParams()
+    assert float(prefill_attention_time(packs, *args, 1, 128).compute_s) < 0.5 * all_kv
+    # long prompts fill their tiles either way: the flag changes nothing there
+    long = (132, 989e12, 67e12, 3.35e12, 50e6, 1, 8192, 0, 32, 8, 128)
+    assert np.isclose(float(prefill_attention_time(never, *long).seconds),
+                      float(prefill_attention_time(packs, *long).seconds))
+
+
 def test_prefill_tiles_follow_the_kernel_family():
     # FlashAttention-2's paged kernel: 64-row tiles, key tiles holding the same shared memory at every head dim
     fa2 = PrefillAttentionParams(tile_q=64, tile_k=128, tile_k_by_head_dim=1)

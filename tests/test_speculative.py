@@ -109,6 +109,18 @@ def test_verification_is_one_forward_not_k_decode_steps_and_loses_at_high_batch(
     assert step.steady(big, 0, 1, 0, 2000) / spec.tokens_per_step > cost.steady(big, 0, 1, 0, 2000)
 
 
+def test_a_trtllm_verification_says_its_attention_is_priced_on_the_context_kernel():
+    """TensorRT-LLM's context kernel gives every query head its own CTAs; the verification runs its generation-phase
+    kernel, which packs them: the step says the verification's attention may be priced high (vLLM's does not)."""
+    spec = parse_speculation("eagle3", 3, acceptance_rate=0.7)
+    notes = {engine: speculative_step(StepCost(resolve_model("llama-3.1-8b"), load_profile("h100"), TraceOptions(),
+                                               "engine", 1, engine), spec).formats_notes()
+             for engine in ("trtllm", "vllm")}
+    assert any(n.startswith("verification attention priced with TensorRT-LLM's context-kernel model")
+               for n in notes["trtllm"])
+    assert not any(n.startswith("verification attention") for n in notes["vllm"])
+
+
 def test_steady_state_advances_by_the_tokens_per_step():
     def fake_step(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context):
         return 0.010 + 1e-4 * decoding + 2e-6 * prefill_tokens

@@ -68,9 +68,15 @@ class PrefillAttentionParams(ParamSet):
     tile_k_by_head_dim: int = param(0, 0, 1, "1: keys per tile scale as 128 / head dim (a power of two in [32, 256]: "
                                     "the key tile's shared memory stays the same, FlashAttention-2's paged kernel); "
                                     "0: fixed (kernel data)", fitted=False)
-    short_tile_q: int = param(0, 0, 1, "1: the kernel takes 16 or 64 query rows per CTA when the packed query rows "
-                              "(query x query heads per KV head) are at most that many (FlashInfer's rule); "
+    short_tile_q: int = param(0, 0, 1, "1: the kernel takes 16 or 64 query rows per CTA when a CTA's query rows "
+                              "(query x query heads per KV head where they share CTAs, else the query) are at most "
+                              "that many (FlashInfer's rule; TensorRT-LLM's context FMHA for short queries); "
                               "0: always tile_q (kernel data)", fitted=False)
+    shares_kv_head_ctas: int = param(1, 0, 1, "1: the query heads of one KV head may share CTAs (as pack_gqa says); "
+                                     "0: never, a CTA per query head and query tile whatever the group "
+                                     "(TensorRT-LLM's context FMHA: its short-query rows take the same time at "
+                                     "every KV-head count, in proportion to sequences x query heads) "
+                                     "(kernel data)", fitted=False)
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,7 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     b, q, c, h, kvh, d, w, kvb = arrays(batch, query, context, heads, kv_heads, head_dim, window, kv_bytes)
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     group = h / kvh
-    tq, tk = prefill_tiles(p, q * group, d)
+    tq, tk = prefill_tiles(p, q * np.where(p.shares_kv_head_ctas, group, 1.0), d)   # a CTA's query rows
     # keys one query tile sweeps: no more than the sequence, nor (on kernels that skip the tiles before a
     # sliding window) than the window past its first query
     windowed = np.minimum(c + q, np.where(w > 0, w + tq, np.inf))
@@ -160,7 +166,7 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     n_q = np.ceil(q / tq)
     keys_total = _sum_min_series(c + np.minimum(q, tq), tq, cap, n_q)  # causal: tile i sees keys up to its end
     tiles_unpacked = (keys_total / tk + n_q / 2) * group            # + half a partial key tile per query tile
-    packed = (q * group <= tq) | ((p.pack_gqa >= 0.5) & (tiles_packed < tiles_unpacked))
+    packed = ((q * group <= tq) | ((p.pack_gqa >= 0.5) & (tiles_packed < tiles_unpacked))) & bool(p.shares_kv_head_ctas)
     tiles = np.where(packed, tiles_packed, tiles_unpacked)          # per (sequence, KV head)
     ctas = b * kvh * np.where(packed, n_packed, n_q * group)
 
