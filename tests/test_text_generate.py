@@ -148,3 +148,12 @@ def test_plot_draws_or_explains(tmp_path, capsys):
         assert "needs matplotlib" in capsys.readouterr().err and not out.exists()
     else:
         assert out.stat().st_size > 0
+
+
+def test_an_ep_style_without_expert_parallelism_is_warned_about(capsys):
+    assert main(["llama-3.2-1b", "--device", "h100", "-q", "64", "--ep-style", "dispatch", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "--ep-style dispatch has no effect" in out.err
+    assert any("--ep-style dispatch has no effect" in w for w in json.loads(out.out)["warnings"])
+    assert main(["llama-3.2-1b", "--device", "h100", "-q", "64"]) == 0
+    assert "--ep-style" not in capsys.readouterr().err

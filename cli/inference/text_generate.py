@@ -257,6 +257,10 @@ def body(args) -> int:
     args.layout_warnings = check_layout_or_fail(spec.config, spec.name, Layout(tp=args.tp_size, ep=args.ep_size),
                                                 args.context_length + args.query_length + (args.output_length or 0),
                                                 args.moe_imbalance).warnings
+    if args.ep_style != "all-tokens" and args.ep_size == 1:
+        message = f"--ep-style {args.ep_style} has no effect without expert parallelism (--ep-size 1)"
+        warn(message)
+        args.layout_warnings = (*args.layout_warnings, message)
     drafts = speculations(args)
     if len(drafts) > 1:
         raise InputError("text_generate prices one --num-speculative-tokens (the optimizer searches several)")
