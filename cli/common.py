@@ -114,10 +114,10 @@ def _plot_formats() -> list[str]:
 
 
 def check_layout_or_fail(config: dict, name: str, layout: Layout, input_length: int | None = None,
-                         moe_imbalance: float | None = None) -> LayoutReport:
+                         moe_imbalance: float | None = None, ep_style: str | None = None) -> LayoutReport:
     """The layout checked against the model: errors raise LayoutError (exit 2), warnings go to stderr and are
     returned for the --json output."""
-    report = check_layout(ModelFacts.from_config(config, name), layout, input_length, moe_imbalance)
+    report = check_layout(ModelFacts.from_config(config, name), layout, input_length, moe_imbalance, ep_style)
     report.raise_errors()
     for message in report.warnings:
         warn(message)

@@ -13,7 +13,8 @@ Rules (as vLLM applies them):
 - KV heads: TP <= kv_heads needs TP | kv_heads (each rank holds kv_heads / TP); TP > kv_heads needs
   kv_heads | TP, and each KV head is then replicated on TP / kv_heads ranks (a warning says so: the KV cache
   per device is one head's, not 1/TP of the whole). MLA's latent KV is one shared head: no rule.
-- EP needs routed experts and must divide them. --moe-imbalance on a dense model has no effect (a warning).
+- EP needs routed experts and must divide them. --moe-imbalance on a dense model, and --ep-style without EP,
+  have no effect (a warning).
 - The layout's devices, max(TP, EP) x PP, must fit the devices available (when known).
 - An input longer than the model's maximum context (max_position_embeddings, extended by rope scaling
   where the config's rope type extends it) is a warning: the model was not trained for it.
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracer.config_checks import max_context, model_dims  # noqa: F401 - max_context: part of this API
-from .execution import expert_slots
+from .execution import EP_ALL_TOKENS, expert_slots
 
 
 class LayoutError(ValueError):
@@ -74,7 +75,7 @@ class LayoutReport:
 
 
 def check_layout(facts: ModelFacts, layout: Layout, input_length: int | None = None,
-                 moe_imbalance: float | None = None) -> LayoutReport:
+                 moe_imbalance: float | None = None, ep_style: str | None = None) -> LayoutReport:
     errors, warnings = [], []
     tp, ep = layout.tp, layout.ep
     if min(tp, ep, layout.pp) < 1:
@@ -105,6 +106,8 @@ def check_layout(facts: ModelFacts, layout: Layout, input_length: int | None = N
                             f"vLLM --num-redundant-experts)")
     if moe_imbalance is not None and moe_imbalance != 1.0 and not facts.routed_experts:
         warnings.append(f"--moe-imbalance {moe_imbalance:g} has no effect: {facts.name} has no routed experts")
+    if ep_style is not None and ep_style != EP_ALL_TOKENS and ep == 1:
+        warnings.append(f"--ep-style {ep_style} has no effect without expert parallelism (--ep-size 1)")
     if layout.devices is not None and layout.devices_needed > layout.devices:
         errors.append(f"the layout needs max(TP={tp}, EP={ep}) x PP={layout.pp} = {layout.devices_needed} devices, "
                       f"{layout.devices} available")

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from cost.engines import ENGINES, resolve_overheads
 from cost.estimate import BREAKDOWN_CLASSES, Estimate, Parallelism, estimate
-from cost.execution import EP_ALL_TOKENS
 from cost.kernels import COMPUTE, MEMORY, OVERHEAD
 from cost.op_formats import expert_resident
 from cost.profile import HardwareProfile, load_profile
@@ -257,11 +256,7 @@ def body(args) -> int:
     spec = model_spec(args)   # resolved (for a Hub id: fetched) once for every prediction below
     args.layout_warnings = check_layout_or_fail(spec.config, spec.name, Layout(tp=args.tp_size, ep=args.ep_size),
                                                 args.context_length + args.query_length + (args.output_length or 0),
-                                                args.moe_imbalance).warnings
-    if args.ep_style != EP_ALL_TOKENS and args.ep_size == 1:
-        message = f"--ep-style {args.ep_style} has no effect without expert parallelism (--ep-size 1)"
-        warn(message)
-        args.layout_warnings = (*args.layout_warnings, message)
+                                                args.moe_imbalance, args.ep_style).warnings
     drafts = speculations(args)
     if len(drafts) > 1:
         raise InputError("text_generate prices one --num-speculative-tokens (the optimizer searches several)")

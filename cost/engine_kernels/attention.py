@@ -153,7 +153,8 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     b, q, c, h, kvh, d, w, kvb = arrays(batch, query, context, heads, kv_heads, head_dim, window, kv_bytes)
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     group = h / kvh
-    tq, tk = prefill_tiles(p, q * np.where(p.shares_kv_head_ctas, group, 1.0), d)   # a CTA's query rows
+    shares = bool(p.shares_kv_head_ctas)
+    tq, tk = prefill_tiles(p, q * (group if shares else 1.0), d)   # a CTA's query rows
     # keys one query tile sweeps: no more than the sequence, nor (on kernels that skip the tiles before a
     # sliding window) than the window past its first query
     windowed = np.minimum(c + q, np.where(w > 0, w + tq, np.inf))
@@ -166,7 +167,7 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     n_q = np.ceil(q / tq)
     keys_total = _sum_min_series(c + np.minimum(q, tq), tq, cap, n_q)  # causal: tile i sees keys up to its end
     tiles_unpacked = (keys_total / tk + n_q / 2) * group            # + half a partial key tile per query tile
-    packed = ((q * group <= tq) | ((p.pack_gqa >= 0.5) & (tiles_packed < tiles_unpacked))) & bool(p.shares_kv_head_ctas)
+    packed = shares & ((q * group <= tq) | ((p.pack_gqa >= 0.5) & (tiles_packed < tiles_unpacked)))
     tiles = np.where(packed, tiles_packed, tiles_unpacked)          # per (sequence, KV head)
     ctas = b * kvh * np.where(packed, n_packed, n_q * group)
 
