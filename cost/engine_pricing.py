@@ -70,7 +70,7 @@ def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Run
     stats = routing_stats("random", c.tokens, c.experts, c.top_k, c.ep, c.imbalance)
     t = moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, c.tokens, c.hidden,
                  c.inter / c.tp, c.top_k, stats.pairs, stats.active_experts, stats.padded_tiles, gated=c.gated,
-                 weight_bytes=weight_bytes).scalar()
+                 weight_bytes=weight_bytes, local_experts=c.experts / c.ep).scalar()
     return _kernel_time(weight_only_kernel(t, fmt, hw, moe_flops(stats.pairs, c.hidden, c.inter / c.tp, c.gated)))
 
 

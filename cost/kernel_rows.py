@@ -243,7 +243,7 @@ def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows:
     return moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, tokens, hidden, inter / tp,
                     top_k, [s.pairs for s in stats], [s.active_experts for s in stats],
                     np.array([s.padded_tiles for s in stats]), gated=np.array([r.gated for r in rows]),
-                    weight_bytes=weight_bytes)
+                    weight_bytes=weight_bytes, local_experts=np.array([r.experts / r.ep for r in rows]))
 
 
 def allreduce_rows_time(cal: EngineCalibration, impl: str, gpus: int, nbytes, curve=None) -> Times:

@@ -524,6 +524,28 @@ def test_moe_streams_at_its_own_rate_in_the_large_row_tile_configuration():
     assert memory_s(48) > 1.8 * memory_s(32)
 
 
+def test_moe_default_configuration_switches_when_tokens_outnumber_the_ranks_experts():
+    """SGLang's get_default_config (adapted from vLLM's): M <= E runs 16-row tiles, M > E the 64 x 64 x 32 configuration,
+    whatever the rows per expert (top-1 of 128 experts switches at 129 tokens, where each expert holds ~1 row)."""
+    p = MoeParams(large_tile_tokens=1.0, large_tile_memory=0.5, large_tile_compute=0.5, fixed_us=0.0, token_ns=0.0,
+                  pair_ns=0.0, expert_us=0.0)
+
+    def times(params, tokens, ep=1):
+        stats = routing_stats("balanced", tokens, 128, 1, ep)
+        return moe_time(params, 132, 989e12, 4.8e12, tokens, 5120, 8192, 1, stats.pairs, stats.active_experts,
+                        np.array(stats.padded_tiles), local_experts=128 / ep)
+    # the same weights, streamed at the large configuration's rate one token later
+    assert float(times(p, 129).memory_s) > 1.9 * float(times(p, 128).memory_s)
+    # the rows-per-active-expert switch (large_tile_tokens 0) keeps ~1 row an expert on the small tiles
+    by_rows = replace(p, large_tile_tokens=0.0, large_tile_rows=8.0)
+    assert np.isclose(float(times(by_rows, 129).memory_s), float(times(p, 128).memory_s), rtol=0.02)
+    # under EP the rank's own experts count: 16 local experts switch beyond 16 tokens
+    assert float(times(p, 17, ep=8).memory_s) > 1.5 * float(times(p, 16, ep=8).memory_s)
+    # the large configuration's GEMMs run at large_tile_compute of the matrix rate
+    full_rate = replace(p, large_tile_compute=1.0)
+    assert np.isclose(float(times(p, 16384).compute_s), 2.0 * float(times(full_rate, 16384).compute_s))
+
+
 def test_gqa_packing_rule_is_a_fitted_choice():
     args = (132, 989e12, 67e12, 3.35e12, 50e6, 64, 16, 0, 32, 1, 128)   # 16 queries x 32 heads on one KV head
     packed = prefill_attention_time(PrefillAttentionParams(pack_gqa=1.0), *args)
