@@ -9,6 +9,7 @@ import numpy as np
 
 from .engine_kernels import (EngineCalibration, Times, decode_attention_time, moe_time, prefill_attention_time,
                              routing_stats, stream_time)
+from .engine_kernels.tuned_moe import tuned_mask
 from .engines import ENGINES
 from .execution import Kernel
 from .kernel_rows import WEIGHT_FORMATS, attention_model, gemm_rows_time
@@ -70,7 +71,8 @@ def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Run
     stats = routing_stats("random", c.tokens, c.experts, c.top_k, c.ep, c.imbalance)
     t = moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, c.tokens, c.hidden,
                  c.inter / c.tp, c.top_k, stats.pairs, stats.active_experts, stats.padded_tiles, gated=c.gated,
-                 weight_bytes=weight_bytes, local_experts=c.experts / c.ep).scalar()
+                 weight_bytes=weight_bytes, local_experts=c.experts / c.ep,
+                 tuned=tuned_mask(cal.engine, hw.key, fmt.kernel, c.experts // c.ep, c.inter // c.tp)).scalar()
     return _kernel_time(weight_only_kernel(t, fmt, hw, moe_flops(stats.pairs, c.hidden, c.inter / c.tp, c.gated)))
 
 

@@ -11,6 +11,7 @@ from .execution import EAGER, ENGINE, EP_ALL_TOKENS, EP_DISPATCH, Kernel, build_
 from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, experts_time, gemm_time, stream_time
 from .engine_kernels import allreduce_time, nearest_curve
 from .engine_kernels import stream_time as stream_engine
+from .engine_kernels.tuned_moe import config_note
 from .engine_pricing import price_engine_kernel
 from .op_formats import RunFormat, formats_note, op_format
 from .parallel import (all_reduce_seconds, cross_node_all_reduce_seconds,
@@ -200,6 +201,19 @@ def _engine_communication(trace: Trace, par: Parallelism, hw: HardwareProfile, e
     return total
 
 
+def _moe_config_notes(kernels, formats, engine: str, hw: HardwareProfile, cal) -> list[str]:
+    """Whether the engine runs each fused-MoE shape on a tuned configuration, where its kernel model tells the two
+    apart (MoeParams.large_tile_tokens)."""
+    notes = []
+    for k, f in zip(kernels, formats):
+        if k.moe is None or f is None or f.kernel not in cal.moe or cal.moe[f.kernel].large_tile_tokens < 0.5:
+            continue
+        note = config_note(engine, hw.key, f.kernel, k.moe.experts // k.moe.ep, k.moe.inter // k.moe.tp)
+        if note and note not in notes:
+            notes.append(note)
+    return notes
+
+
 def communication_seconds(trace: Trace, par: Parallelism, hw: HardwareProfile, act_bytes: int = 2) -> float:
     return _eager_communication(trace, par, hw, act_bytes)
 
@@ -222,6 +236,7 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
                   for k, f in zip(kernels, formats)]
         notes += formats_note(kernels, formats, engine, hw)
         experts = next((op.experts.num_experts for op in trace.ops if op.experts is not None), 0)
+        notes += _moe_config_notes(kernels, formats, engine, hw, cal)
         if experts and trace.options.moe_imbalance != 1.0:
             notes.append(f"MoE imbalance {trace.options.moe_imbalance:g}: every expert of a rank is priced at that "
                          f"many times its share of the tokens (the busiest one sets the pace)")

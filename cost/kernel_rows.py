@@ -24,6 +24,7 @@ import numpy as np
 from .engine_kernels import (ROUTINGS, EngineCalibration, Times, allreduce_time, decode_attention_time, gemm_time,
                              host_issue_s, moe_time, nearest_curve, prefill_attention_time, quant_time, routing_stats)
 from .engine_kernels.common import soft_max
+from .engine_kernels.tuned_moe import tuned_mask
 from .engines import ENGINES
 from .profile import HardwareProfile, ProfileError
 
@@ -243,7 +244,9 @@ def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows:
     return moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, tokens, hidden, inter / tp,
                     top_k, [s.pairs for s in stats], [s.active_experts for s in stats],
                     np.array([s.padded_tiles for s in stats]), gated=np.array([r.gated for r in rows]),
-                    weight_bytes=weight_bytes, local_experts=np.array([r.experts / r.ep for r in rows]))
+                    weight_bytes=weight_bytes, local_experts=np.array([r.experts / r.ep for r in rows]),
+                    tuned=tuned_mask(cal.engine, hw.key, dtype, [r.experts // r.ep for r in rows],
+                                     [r.inter // r.tp for r in rows]))
 
 
 def allreduce_rows_time(cal: EngineCalibration, impl: str, gpus: int, nbytes, curve=None) -> Times:

@@ -4,6 +4,7 @@ import copy
 import io
 import json
 import math
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -544,6 +545,31 @@ def test_moe_default_configuration_switches_when_tokens_outnumber_the_ranks_expe
     # the large configuration's GEMMs run at large_tile_compute of the matrix rate
     full_rate = replace(p, large_tile_compute=1.0)
     assert np.isclose(float(times(p, 16384).compute_s), 2.0 * float(times(full_rate, 16384).compute_s))
+    # a shape the engine ships a tuned configuration for runs that instead: the rows-per-expert switch, full rate
+    stats = routing_stats("balanced", 16384, 128, 1)
+    tuned = moe_time(p, 132, 989e12, 4.8e12, 16384, 5120, 8192, 1, stats.pairs, stats.active_experts,
+                     np.array(stats.padded_tiles), local_experts=128, tuned=True)
+    assert np.isclose(float(tuned.compute_s), float(times(full_rate, 16384).compute_s))
+
+
+def test_tuned_moe_shapes_are_read_from_the_engines_wheel_per_device(tmp_path):
+    """SGLang's configuration files, every Triton folder, bf16 only (no dtype), the down projection's apart."""
+    from cost.engine_kernels.tuned_moe import read_wheel, tuned_mask
+    wheel = tmp_path / "sglang-0-py3-none-any.whl"
+    base = "sglang/srt/layers/moe/moe_runner/triton_utils/configs"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name in ("triton_3_1_0/E=8,N=14336,device_name=NVIDIA_H200.json",
+                     "triton_3_5_1/E=128,N=768,device_name=NVIDIA_H200.json",
+                     "triton_3_5_1/E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+                     "triton_3_5_1/E=128,N=1536,device_name=NVIDIA_H200_down.json",
+                     "triton_3_4_0/E=64,N=640,device_name=NVIDIA_B200.json"):
+            z.writestr(f"{base}/{name}", "{}")
+    assert read_wheel(str(wheel)) == {"NVIDIA_B200": [[64, 640]], "NVIDIA_H200": [[8, 14336], [128, 768]]}
+    # the bundled lists: SGLang 0.5.14 tunes Mixtral's and Qwen3-30B-A3B's experts on H200, not Qwen3-235B's;
+    # GB200 has no file of its own, and other engines and formats have no list
+    assert list(tuned_mask("sglang", "h200", "bf16", [8, 128, 128], [14336, 768, 1536])) == [True, True, False]
+    assert not tuned_mask("sglang", "gb200", "bf16", 8, 14336)
+    assert not tuned_mask("vllm", "h200", "bf16", 8, 14336) and not tuned_mask("sglang", "h200", "fp8", 8, 14336)
 
 
 def test_gqa_packing_rule_is_a_fitted_choice():

@@ -42,11 +42,12 @@ class MoeParams(ParamSet):
                                    grid=(8.0, 32.0))
     # A shape without a tuned config file runs the Triton kernel's default configuration, which changes once the
     # tokens outnumber the rank's experts (SGLang's get_default_config, adapted from vLLM's: 16 x 32 x 64 tiles for
-    # M <= E, 64 x 64 x 32 beyond), whatever each expert's rows; 0 keeps the rows-per-active-expert switch
+    # M <= E, 64 x 64 x 32 beyond), whatever each expert's rows; 0 keeps the rows-per-active-expert switch. A shape
+    # with a tuned configuration file (tuned_moe.py) switches at large_tile_rows either way
     large_tile_tokens: float = param(0.0, 0.0, 1.0, "1: the switch is at more tokens than local experts (the "
                                      "kernel's default configuration); 0: at large_tile_rows", grid=(0.0, 1.0))
-    large_tile_compute: float = param(1.0, 0.2, 1.0, "the matrix rate, relative to `compute`, in the large-row-tile "
-                                      "configuration (64 x 64 x 32 default tiles)")
+    large_tile_compute: float = param(1.0, 0.2, 1.0, "the matrix rate, relative to `compute`, of the default "
+                                      "configuration's large tiles (64 x 64 x 32)")
     fixed_us: float = param(20.0, 0.0, 200.0, "per layer call: the kernels' launches and tails, us")
     token_ns: float = param(5.0, 0.0, 500.0, "routing and permutation per token, ns")
     pair_ns: float = param(1.0, 0.0, 200.0, "alignment and combine per (token, expert) pair, ns")
@@ -58,17 +59,19 @@ class MoeParams(ParamSet):
 
 def moe_time(p: MoeParams, compute_units: int, peak_flops: float, bandwidth: float, tokens, hidden, inter_local,
              top_k, pairs_local, active_local, padded_tiles, gated=True, weight_bytes: float = 2.0,
-             act_bytes: float = 2.0, local_experts=None) -> Times:
+             act_bytes: float = 2.0, local_experts=None, tuned=False) -> Times:
     """`padded_tiles[..., i]`: sum over local experts of ceil(rows / BLOCK_M[i]) (routing.RoutingStats);
     `local_experts`: the experts the rank holds (E / ep), where the default configuration switches (None: the
-    active ones)."""
+    active ones); `tuned`: the engine ships a tuned configuration for the shape (tuned_moe.py), which it runs
+    instead of the default one."""
     t, h, i_l, k, pairs, active = arrays(tokens, hidden, inter_local, top_k, pairs_local, active_local)
     up = np.where(gated, 2.0, 1.0) * i_l
     wide = 1.0 + p.wide_expert * np.maximum(0.0, np.log2(np.maximum(i_l, 1.0) / 4096.0))
     if local_experts is None:
         local_experts = np.maximum(active, 1.0)
-    by_tokens = t > np.asarray(local_experts, dtype=float)
-    large = np.where(p.large_tile_tokens >= 0.5, by_tokens, pairs / np.maximum(active, 1.0) > p.large_tile_rows)
+    default = (p.large_tile_tokens >= 0.5) & ~np.asarray(tuned, dtype=bool)
+    large = np.where(default, t > np.asarray(local_experts, dtype=float),
+                     pairs / np.maximum(active, 1.0) > p.large_tile_rows)
     best = None
     for j, block_m in enumerate(BLOCK_M):
         rows = np.asarray(padded_tiles, dtype=float)[..., j]
@@ -80,7 +83,7 @@ def moe_time(p: MoeParams, compute_units: int, peak_flops: float, bandwidth: flo
             tiles = rows * np.ceil(n_out / BLOCK_N)
             gemms = gemms + np.ceil(tiles / compute_units) * k_in * per_k
         best = gemms if best is None else np.minimum(best, gemms)
-    best = best / np.where(large, p.large_tile_compute, 1.0)
+    best = best / np.where(large & default, p.large_tile_compute, 1.0)
     weights = active * (up * h + h * i_l) * weight_bytes
     activations = (t * h + pairs * (h + up + i_l + h)) * act_bytes
     memory = (weights + activations) / (bandwidth * p.memory * np.where(large, p.large_tile_memory, 1.0))
