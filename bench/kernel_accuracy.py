@@ -112,7 +112,7 @@ def evaluate(system: str, engine: str, db: str, refit: bool, seed: int) -> dict:
         if name == "quant":
             continue
         pred = np.full(len(t.rows), np.nan)
-        for key, index in group_rows(t.rows, engine).items():
+        for key, index in group_rows(t.rows, engine, cal.decode_attention).items():
             try:
                 pred[index] = price_group(cal, hw, key, [t.rows[i] for i in index]).seconds
             except ProfileError as e:   # an inherited calibration may lack a format this table has

@@ -73,8 +73,8 @@ class FitReport:
     held_rows: int
 
 
-def _groups(table: KernelTable, engine: str) -> dict[tuple, np.ndarray]:
-    return {k: np.array(v) for k, v in group_rows(table.rows, engine).items()}
+def _groups(table: KernelTable, engine: str, decode_sets: dict | None = None) -> dict[tuple, np.ndarray]:
+    return {k: np.array(v) for k, v in group_rows(table.rows, engine, decode_sets).items()}
 
 
 def _subset(index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -95,7 +95,9 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
     say = progress or (lambda message: None)
     # rows by the kernel model that prices them; a model's rows may come from more than one table: vLLM's one-token
     # prompts of the context table run its decode kernel (cost/engines.py one_token_query_decodes)
-    grouped = {name: _groups(t, engine) for name, t in tables.items() if name != "quant"}
+    # the kernel data of the base's decode sets (tensor_core_group) splits a format's rows between two kernels
+    grouped = {name: _groups(t, engine, base.decode_attention if base else None)
+               for name, t in tables.items() if name != "quant"}
     if only is not None:   # sections (moe) or one format's group of one (moe/bf16), and the tables holding their rows
         wanted = {o.split("/")[0] for o in only}
         tables = {name: t for name, t in tables.items()
@@ -172,6 +174,9 @@ def _start(key: tuple, base: EngineCalibration | None):
         return (base.gemm.get(key[1]) if base else None) or GemmParams()
     if kind == "attention":
         table = (base.prefill_attention if key[1] == "prefill" else base.decode_attention) if base else {}
+        if key[2].endswith("_tc") and key[2] not in table:
+            # FlashInfer's tensor-core decode, first fitted: from the CUDA-core kernel's fit
+            return replace(table.get(key[2].removesuffix("_tc")) or DecodeAttentionParams(), tensor_core_group=0)
         if key[2].endswith("_mha") and key[2] not in table:
             # an engine's multi-head decode kernel, first fitted: from its grouped-query sibling, a CTA per query head
             plain = table.get(key[2].removesuffix("_mha")) or DecodeAttentionParams()

@@ -12,7 +12,7 @@ from .engine_kernels import (EngineCalibration, Times, decode_attention_time, mo
 from .engine_kernels.tuned_moe import tuned_mask
 from .engines import ENGINES
 from .execution import Kernel
-from .kernel_rows import WEIGHT_FORMATS, attention_model, gemm_rows_time
+from .kernel_rows import WEIGHT_FORMATS, attention_model, decode_kernel, gemm_rows_time
 from .kernels import KernelTime
 from .op_formats import RunFormat
 from .profile import HardwareProfile, ProfileError
@@ -49,7 +49,8 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
     window = w.window or 0
     engine = ENGINES[cal.engine]
     if w.query_length == 1 and (w.context_length > 0 or engine.one_token_query_decodes):
-        kernel = engine.decode_kernel(w.heads / w.kv_heads, w.kv_shares_storage)
+        kernel = decode_kernel(kv_format + ("_window" if window > 0 else ""), cal.engine, w.heads / w.kv_heads,
+                               w.kv_shares_storage, cal.decode_attention)
         p = attention_model(cal.decode_attention, kv_format, window > 0, "decode attention KV format", cal, kernel)
         # a one-token prompt (engine.one_token_query_decodes) reads its own key
         t = decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, w.batch, max(w.context_length, 1),

@@ -205,16 +205,30 @@ def attention_model(table: dict, kv_dtype: str, windowed: bool, what: str, cal: 
     return _need(table, attention_model_key(table, kv_dtype, windowed, kernel), what, cal)
 
 
-def decode_kernel_key(kv_key: str, engine: str | None, group: float, kv_shares_storage: bool = False) -> str:
-    """The decode set that prices a KV format's call of `group` query heads per KV head on `engine`."""
+def decode_kernel(kv_key: str, engine: str | None, group: float, kv_shares_storage: bool = False,
+                  decode_sets: dict | None = None) -> str:
+    """The decode kernel a KV format's call of `group` query heads per KV head runs on `engine`: '' (the grouped-query
+    kernel), 'mha' (the engine's multi-head kernel) or 'tc' (FlashInfer's tensor-core kernel, where the device's
+    decode set `kv_key` in `decode_sets` says from which group on)."""
     kernel = ENGINES[engine].decode_kernel(group, kv_shares_storage) if engine in ENGINES else ""
+    plain = (decode_sets or {}).get(kv_key)
+    if not kernel and plain is not None and plain.tensor_core_group and not kv_shares_storage \
+            and group >= plain.tensor_core_group:
+        kernel = "tc"
+    return kernel
+
+
+def decode_kernel_key(kv_key: str, engine: str | None, group: float, kv_shares_storage: bool = False,
+                      decode_sets: dict | None = None) -> str:
+    """The decode set that prices a KV format's call of `group` query heads per KV head on `engine`."""
+    kernel = decode_kernel(kv_key, engine, group, kv_shares_storage, decode_sets)
     return f"{kv_key}_{kernel}" if kernel else kv_key
 
 
 def _kv_key_parts(kv_key: str) -> tuple[str, bool, str]:
     """A group's KV key (`fp8_window_mha`) as (KV format, sliding window, decode kernel)."""
-    kernel = "mha" if kv_key.endswith("_mha") else ""
-    kv_key = kv_key.removesuffix("_mha")
+    kernel = next((k for k in ("mha", "tc") if kv_key.endswith(f"_{k}")), "")
+    kv_key = kv_key.removesuffix(f"_{kernel}") if kernel else kv_key
     return kv_key.removesuffix("_window"), kv_key.endswith("_window"), kernel
 
 
@@ -256,14 +270,16 @@ def allreduce_rows_time(cal: EngineCalibration, impl: str, gpus: int, nbytes, cu
     return allreduce_time(curve, nbytes, gpus)
 
 
-def group_key(row, engine: str | None = None) -> tuple:
-    """Rows priced together share one kernel model (and one fit); `engine` picks its decode kernel by group."""
+def group_key(row, engine: str | None = None, decode_sets: dict | None = None) -> tuple:
+    """Rows priced together share one kernel model (and one fit); `engine` picks its decode kernel by group, as
+    does the device's calibration (`decode_sets`: its decode_attention section) where it names a group limit."""
     if isinstance(row, GemmRow):
         return ("gemm", row.dtype)
     if isinstance(row, AttentionRow):
         kv_key = row.kv_dtype + ("_window" if row.window else "")
         if row.phase == "decode" or _decodes(row, engine):
-            return ("attention", "decode", decode_kernel_key(kv_key, engine, row.heads / row.kv_heads))
+            return ("attention", "decode", decode_kernel_key(kv_key, engine, row.heads / row.kv_heads,
+                                                             decode_sets=decode_sets))
         return ("attention", row.phase, kv_key)
     if isinstance(row, MoeRow):
         return ("moe", row.dtype)
@@ -292,11 +308,11 @@ def price_group(cal: EngineCalibration, hw: HardwareProfile, key: tuple, rows: l
     return allreduce_rows_time(cal, key[1], key[2], _columns(rows, "bytes")[0], params)
 
 
-def group_rows(rows: list, engine: str | None = None) -> dict[tuple, list[int]]:
+def group_rows(rows: list, engine: str | None = None, decode_sets: dict | None = None) -> dict[tuple, list[int]]:
     """Row indices by the kernel model that prices them (`group_key`), in first-seen order."""
     groups: dict[tuple, list[int]] = {}
     for i, row in enumerate(rows):
-        groups.setdefault(group_key(row, engine), []).append(i)
+        groups.setdefault(group_key(row, engine, decode_sets), []).append(i)
     return groups
 
 
@@ -313,7 +329,7 @@ def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -
     from .engine_pricing import weight_only_kernel
     from .op_formats import WEIGHT_ONLY, run_format
     seconds, models = np.zeros(len(rows)), [""] * len(rows)
-    for key, index in group_rows(rows, cal.engine).items():
+    for key, index in group_rows(rows, cal.engine, cal.decode_attention).items():
         if key[0] not in ("gemm", "moe"):
             seconds[index] = price_group(cal, hw, key, [rows[i] for i in index]).seconds
             name = _model_name(cal, key)

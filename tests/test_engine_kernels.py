@@ -408,6 +408,31 @@ def test_trtllm_decodes_mha_and_large_groups_on_its_multi_head_kernel_with_a_fit
         parse_calibration("trtllm", {"decode_attention": {"bf16_xqa": {}}}, "engines.trtllm")
 
 
+def test_flashinfer_decodes_large_groups_on_its_tensor_core_kernel_with_a_fit_of_its_own():
+    """SGLang's flashinfer backend runs a 16-bit KV cache's groups of 4+ query heads on FlashInfer's tensor-core
+    decode kernel: where a device's decode set says so (tensor_core_group), rows and a model step take `<kv>_tc`."""
+    from cost.kernel_rows import AttentionRow, group_key
+    sets = {"bf16": DecodeAttentionParams(tensor_core_group=4), "bf16_window": DecodeAttentionParams(),
+            "fp8": DecodeAttentionParams()}
+
+    def row(heads, kv_heads, window=0, kv="bf16"):
+        return AttentionRow("decode", 16, 1, 4096, heads, kv_heads, 128, window, kv)
+    assert group_key(row(32, 8), "sglang", sets) == ("attention", "decode", "bf16_tc")
+    assert group_key(row(24, 8), "sglang", sets) == ("attention", "decode", "bf16")        # 3 heads a KV head
+    assert group_key(row(32, 8, kv="fp8"), "sglang", sets) == ("attention", "decode", "fp8")
+    assert group_key(row(32, 8, window=1024), "sglang", sets) == ("attention", "decode", "bf16_window")
+    assert group_key(row(32, 8), "sglang") == ("attention", "decode", "bf16")              # no limit named
+
+    hw = load_profile("l40s")
+    cal = hw.engine("sglang")
+    assert cal.decode_attention["bf16"].tensor_core_group == 4 and "bf16_tc" in cal.decode_attention
+    tc, cuda = cal.decode_attention["bf16_tc"], cal.decode_attention["bf16"]
+    got = price_rows(cal, hw, [row(32, 8), row(16, 8)])
+    want = [float(decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, 16, 4096, h, 8, 128,
+                                        resident=True).seconds) for p, h in ((tc, 32), (cuda, 16))]
+    assert np.allclose(got, want)
+
+
 @pytest.mark.parametrize("system, profile", [("h100_sxm", "h100"), ("h200_sxm", "h200"), ("a100_sxm", "a100"),
                                              ("l40s", "l40s"), ("rtx_pro_6000_server", "rtxpro6000")])
 def test_trtllm_multi_head_decode_rows_need_their_own_kernel_model(system, profile):

@@ -87,10 +87,11 @@ def test_trtllm_bench_limits_follow_its_rounding(kv_tokens, isl, osl, expected):
 def test_l2_sizes_are_binary_megabytes():
     """Vendors state cache sizes in MiB (CUDA reports A100's "40 MB" L2 as 41,943,040 bytes). The fitted
     `l2_fraction`s were rescaled by 1e6 / 2^20 when the unit changed, so each set still puts its residency edge
-    where its fit did: RTX PRO 6000's SGLang bf16 decode, fitted at 0.9995 of 128e6 bytes, still at 122.0 MiB."""
+    where its fit did: H100's SGLang bf16 decode, fitted at 0.9614 of 50e6 bytes, still at 45.8 MiB (a set refitted
+    since, as RTX PRO 6000's SGLang decode, puts its edge where the new fit does)."""
     from cost.profile import load_profile
     assert load_profile("a100").l2_bytes == 40 * 2**20
-    hw = load_profile("rtxpro6000")
+    hw = load_profile("h100")
     p = hw.engine("sglang").decode_attention["bf16"]
     edge = hw.l2_bytes * p.l2_fraction / 2**20
-    assert edge == pytest.approx(0.9995 * 128e6 / 2**20, abs=0.01)
+    assert edge == pytest.approx(0.9614 * 50e6 / 2**20, abs=0.01)

@@ -112,6 +112,13 @@ class DecodeAttentionParams(ParamSet):
     # GB300: flat to 32 heads over one KV head, then x14-x36 at 64 and linear in the heads). MLA's absorbed decode
     # (its 128 heads over one latent) runs a kernel of its own built for that group, and takes no such limit
     max_group: int = param(4096, 1, 4096, "most query heads one CTA packs per KV head (kernel data)", fitted=False)
+    # FlashInfer decodes a group of at least this many query heads per KV head on its tensor-core kernel (the
+    # prefill kernel, the group fused into the query rows), a smaller one on its CUDA-core decode kernel: SGLang's
+    # flashinfer backend asks for tensor cores from 4 heads on a 16-bit KV cache, always on fp8
+    # (sglang/srt/layers/attention/flashinfer_backend.py should_use_tensor_core). The tensor-core kernel has a fit of
+    # its own, `<kv>_tc`. 0: one kernel for every group
+    tensor_core_group: int = param(0, 0, 4096, "groups of at least this many query heads run FlashInfer's "
+                                   "tensor-core decode kernel, fitted apart (kernel data)", fitted=False)
 
 
 def _sum_min_series(first, step, cap, count):

@@ -13,8 +13,9 @@ from .stream import StreamParams
 GEMM_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4")
 KV_FORMATS = ("bf16", "fp8", "bf16_window", "fp8_window")   # sliding-window attention: its own kernel instance
 # decode sets: per KV format, and for engines with a multi-head decode kernel beside the grouped-query one
-# (cost/engines.py Engine.gqa_decode_groups) its own set, `<kv>_mha`
-DECODE_KERNELS = KV_FORMATS + tuple(f"{k}_mha" for k in KV_FORMATS)
+# (cost/engines.py Engine.gqa_decode_groups) its own set, `<kv>_mha`; for FlashInfer's tensor-core decode of large
+# groups (DecodeAttentionParams.tensor_core_group) `<kv>_tc`
+DECODE_KERNELS = KV_FORMATS + tuple(f"{k}_mha" for k in KV_FORMATS) + tuple(f"{k}_tc" for k in KV_FORMATS)
 MOE_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4", "int4")
 SECTIONS = ("gemm", "quant", "elementwise", "prefill_attention", "decode_attention", "moe", "allreduce")
 
