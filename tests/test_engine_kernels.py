@@ -628,9 +628,14 @@ def test_prefill_tiles_follow_the_kernel_family():
     fa2 = PrefillAttentionParams(tile_q=64, tile_k=128, tile_k_by_head_dim=1)
     rows, keys = prefill_tiles(fa2, [256, 256, 256, 256], [64, 128, 192, 256])
     assert rows.tolist() == [64.0] * 4 and keys.tolist() == [256.0, 128.0, 64.0, 64.0]
-    # FlashInfer's rule: 16 or 64 rows when the packed query rows of a KV head fit them
+    # short tiles: 16 or 64 rows when the packed query rows of a KV head fit them
     rows, _ = prefill_tiles(PrefillAttentionParams(short_tile_q=1), [1, 16, 17, 64, 65], 128)
     assert rows.tolist() == [16.0, 16.0, 64.0, 64.0, 128.0]
+    # FlashInfer's whole rule (FA2DetermineCtaTileQ): and never 128 rows at head dim 256
+    rows, _ = prefill_tiles(PrefillAttentionParams(short_tile_q=2), [16, 65, 4096, 65, 4096], [256] * 3 + [128] * 2)
+    assert rows.tolist() == [16.0, 64.0, 64.0, 128.0, 128.0]
+    rows, _ = prefill_tiles(PrefillAttentionParams(short_tile_q=1), [65, 4096], 256)
+    assert rows.tolist() == [128.0, 128.0]
     args = (132, 989e12, 67e12, 3.35e12, 50e6, 256, 1, 0, 8, 8, 128)   # 256 single-token prompts
     tile_work_only = dict(cta_us=0.0, cta_head_dim_us=0.0)
     short = prefill_attention_time(PrefillAttentionParams(short_tile_q=1, **tile_work_only), *args)

@@ -68,9 +68,10 @@ class PrefillAttentionParams(ParamSet):
     tile_k_by_head_dim: int = param(0, 0, 1, "1: keys per tile scale as 128 / head dim (a power of two in [32, 256]: "
                                     "the key tile's shared memory stays the same, FlashAttention-2's paged kernel); "
                                     "0: fixed (kernel data)", fitted=False)
-    short_tile_q: int = param(0, 0, 1, "1: the kernel takes 16 or 64 query rows per CTA when a CTA's query rows "
+    short_tile_q: int = param(0, 0, 2, "1: the kernel takes 16 or 64 query rows per CTA when a CTA's query rows "
                               "(query x query heads per KV head where they share CTAs, else the query) are at most "
-                              "that many (FlashInfer's rule; TensorRT-LLM's context FMHA for short queries); "
+                              "that many (TensorRT-LLM's context FMHA for short queries); 2: FlashInfer's whole rule "
+                              "(FA2DetermineCtaTileQ), the same and never more than 64 rows at head dim 256; "
                               "0: always tile_q (kernel data)", fitted=False)
     shares_kv_head_ctas: int = param(1, 0, 1, "1: the query heads of one KV head may share CTAs (as pack_gqa says); "
                                      "0: never, a CTA per query head and query tile whatever the group "
@@ -148,6 +149,8 @@ def prefill_tiles(p: PrefillAttentionParams, packed_rows, head_dim):
     tq = np.full_like(rows, float(p.tile_q))
     if p.short_tile_q:
         tq = np.where(rows <= 16, np.minimum(16.0, tq), np.where(rows <= 64, np.minimum(64.0, tq), tq))
+    if p.short_tile_q >= 2:     # FlashInfer takes 128-row tiles only below head dim 256
+        tq = np.where((d >= 256) & (rows > 16), np.minimum(64.0, tq), tq)
     tk = np.full_like(d, float(p.tile_k))
     if p.tile_k_by_head_dim:
         tk = np.clip(2.0 ** np.floor(np.log2(p.tile_k * 128.0 / np.maximum(d, 1.0))), 32.0, 256.0)
