@@ -102,7 +102,8 @@ def main(argv=None) -> int:
         entry.update(release=args.release, source=f"{Path(args.wheel).name}: every configs/triton_*/E=..,N=..,"
                      f"device_name=...json without a dtype (bf16), read by python -m cost.engine_kernels.tuned_moe",
                      bf16=lists)
-        target.write_text(json.dumps(data, indent=1) + "\n")
+        # one (E, N) pair a line
+        target.write_text(re.sub(r"\[\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2]", json.dumps(data, indent=1)) + "\n")
         print(f"wrote {target}")
     return 0
 
