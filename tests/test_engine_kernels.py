@@ -590,6 +590,10 @@ def test_tuned_moe_shapes_are_read_from_the_engines_wheel_per_device(tmp_path):
                      "triton_3_4_0/E=64,N=640,device_name=NVIDIA_B200.json"):
             z.writestr(f"{base}/{name}", "{}")
     assert read_wheel(str(wheel)) == {"NVIDIA_B200": [[64, 640]], "NVIDIA_H200": [[8, 14336], [128, 768]]}
+    from cost.engine_kernels.tuned_moe import main
+    (tmp_path / "bad.whl").write_text("not a zip")
+    assert main([str(tmp_path / "bad.whl"), "--release", "1"]) == 2           # one line, no traceback
+    assert main([str(tmp_path / "none.whl"), "--release", "1"]) == 2
     # the bundled lists: SGLang 0.5.14 tunes Mixtral's and Qwen3-30B-A3B's experts on H200, not Qwen3-235B's;
     # GB200 has no file of its own, and other engines and formats have no list
     assert list(tuned_mask("sglang", "h200", "bf16", [8, 128, 128], [14336, 768, 1536])) == [True, True, False]

