@@ -30,14 +30,21 @@ def _data() -> dict:
     return json.loads((resources.files("cost.engine_kernels") / DATA).read_text())
 
 
+@lru_cache(maxsize=None)
 def tuned_shapes(engine: str, profile_key: str, dtype: str) -> frozenset | None:
     """(experts, width) pairs with a tuned configuration for this device; None where tracecost has no list for the
-    engine and format (every shape then counts as untuned)."""
+    engine and format (every shape then counts as untuned). Remembered: a kernel fit asks for every evaluation."""
     entry = _data().get(engine)
     if not entry or dtype != "bf16":
         return None
     device = entry["device_names"].get(profile_key)
     return frozenset(tuple(s) for s in entry["bf16"].get(device, [])) if device else frozenset()
+
+
+def _pair_codes(experts, width) -> np.ndarray:
+    """One integer per (experts, width) pair, to match shapes as whole arrays."""
+    return np.rint(np.asarray(experts, dtype=float)).astype(np.int64) * 2**32 + \
+        np.rint(np.asarray(width, dtype=float)).astype(np.int64)
 
 
 def tuned_mask(engine: str, profile_key: str, dtype: str, experts_local, inter_local) -> np.ndarray:
@@ -46,8 +53,7 @@ def tuned_mask(engine: str, profile_key: str, dtype: str, experts_local, inter_l
     shapes = tuned_shapes(engine, profile_key, dtype)
     if not shapes:
         return np.zeros(e.shape, dtype=bool)
-    return np.array([(int(round(a)), int(round(b))) in shapes for a, b in zip(e.ravel(), n.ravel())],
-                    dtype=bool).reshape(e.shape)
+    return np.isin(_pair_codes(e, n), _pair_codes(*zip(*shapes)))
 
 
 def config_note(engine: str, profile_key: str, dtype: str, experts_local: int, inter_local: int) -> str | None:
@@ -71,9 +77,9 @@ def read_wheel(path: str) -> dict[str, list[list[int]]]:
         for name in wheel.namelist():
             if "/configs/triton_" not in name:
                 continue
-            m = _NAME.match(name.rsplit("/", 1)[-1])
             if name.endswith("_down.json"):     # the down projection's own file, beside the layer's
                 continue
+            m = _NAME.match(name.rsplit("/", 1)[-1])
             if m and "," not in m.group(3):
                 found.setdefault(m.group(3), set()).add((int(m.group(1)), int(m.group(2))))
     return {device: sorted(map(list, shapes)) for device, shapes in sorted(found.items())}
