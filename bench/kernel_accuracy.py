@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli.common import run_main  # noqa: E402
 from cost.calibrate_engine import SYSTEM_PROFILES, calibrate, split, system_list  # noqa: E402
 from cost.engines import DEFAULT_ENGINE, ENGINES  # noqa: E402
-from cost.kernel_db import load_tables, without_impossible_rows  # noqa: E402
+from cost.kernel_db import load_tables, table_systems, without_impossible_rows  # noqa: E402
 from cost.kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow, group_rows, price_group  # noqa: E402
 from cost.kernels import attention_time, experts_time, gemm_time  # noqa: E402
 from cost.parallel import all_reduce_seconds  # noqa: E402
@@ -225,7 +225,8 @@ def whole_model() -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kernel-db", required=True, help="the aiconfigurator-core wheel or its unzipped folder")
-    p.add_argument("--systems", type=system_list, default=list(SYSTEM_PROFILES))
+    p.add_argument("--systems", type=system_list, default=None,
+                   help="comma-separated table systems (default: every one with a bundled profile that the tables hold)")
     p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES))
     p.add_argument("--refit", action="store_true", help="refit on the seeded half instead of using the profiles")
     p.add_argument("--seed", type=int, default=0)
@@ -235,7 +236,13 @@ def main(argv=None) -> int:
 
 def report(args) -> int:
     results = []
-    for system in args.systems:
+    systems = args.systems
+    if systems is None:
+        held = set(table_systems(args.kernel_db))
+        systems = [s for s in SYSTEM_PROFILES if s in held]
+        if skipped := [s for s in SYSTEM_PROFILES if s not in held]:
+            print(f"no tables for {', '.join(skipped)} in {args.kernel_db}: skipped", file=sys.stderr)
+    for system in systems:
         start = time.time()
         r = evaluate(system, args.engine, args.kernel_db, args.refit, args.seed)
         results.append(r)

@@ -302,6 +302,11 @@ def add_moe(files: list[str], store: _Store, collector: Collector, system: str, 
     add("moe", "; ".join(used), (rows, ms))
 
 
+def table_systems(path: str) -> list[str]:
+    """The systems the store holds tables for."""
+    return list(_Store(path).systems())
+
+
 def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
     """Every kernel table of `engine` on `system` that the store holds, as typed rows and measured seconds."""
     store = _Store(path)
