@@ -309,6 +309,9 @@ def main(argv=None) -> int:
                    help="with --kernel-db: refit only these tables (gemm, prefill_attention, decode_attention, moe, "
                         "custom_allreduce, nccl, quant) or one format of one (moe/bf16), keeping the profile's "
                         "other fits")
+    p.add_argument("--params", default=None, metavar="P1,P2",
+                   help="with --only: refit only these parameters of each refitted kernel model, every other one "
+                        "kept at the profile's fit (a new mechanism's parameter, fitted without moving the rest)")
     p.add_argument("--start-from", default=None, metavar="PROFILE",
                    help="with --kernel-db: also start each fit from this profile's fit of the same engine (a "
                         "sibling device); the best of the starts wins")

@@ -25,11 +25,14 @@ def split(n: int, seed: int = 0, fraction: float = 0.5) -> np.ndarray:
     return np.random.default_rng(seed).random(n) < fraction
 
 
-def least_squares_fit(initial, predict, measured: np.ndarray, restarts=()):
+def least_squares_fit(initial, predict, measured: np.ndarray, restarts=(), free: frozenset | None = None):
     """Parameters minimizing a robust (soft-L1, ~10% scale) loss of log(predicted / measured), within bounds.
     Parameters that act in steps (declared with a grid) are tried at each grid point, from `initial`, from
     each of `restarts` (a previous fit can sit in a local minimum the defaults avoid) and from each declared
     start of a parameter; the best fit wins.
+
+    `free`: fit only these parameters, every other one held at `initial`'s value, from `initial` alone (a new
+    mechanism's parameter fitted without moving a previous fit: restarts and other starts would move the rest).
 
     A grid parameter is held at its grid value outside the solver's vector. (It used to stay in it, pinned
     by bounds 1e-9 wide: its finite-difference step then crossed the wave and split counts' integer edges,
@@ -41,7 +44,12 @@ def least_squares_fit(initial, predict, measured: np.ndarray, restarts=()):
     low, high = initial.bounds()
     names = initial.fitted_names()
     grids = initial.grids()
-    free = np.array([n not in grids for n in names])
+    held = free is not None          # only the `free` parameters move
+    chosen = free if held else frozenset(names)
+    if held:
+        grids = {n: values for n, values in grids.items() if n in chosen}
+        restarts = ()
+    free = np.array([n not in grids and n in chosen for n in names])
 
     def residuals(x_free, full):
         x = full.copy()
@@ -53,11 +61,19 @@ def least_squares_fit(initial, predict, measured: np.ndarray, restarts=()):
 
     best, best_cost = initial, np.inf
     origins = [initial, *restarts]
-    origins += [replace(initial, **{name: value}) for name, values in initial.starts().items() for value in values]
+    if not held:
+        origins += [replace(initial, **{name: value}) for name, values in initial.starts().items()
+                    for value in values]
     lo, hi = low[free], high[free]
     for origin, point in product(origins, product(*grids.values()) if grids else [()]):
         full = replace(origin, **dict(zip(grids, point))).vector()
         x0 = np.clip(full[free], lo + 1e-12 * (hi - lo), hi - 1e-12 * (hi - lo))
+        if not free.any():      # only grid parameters chosen: each grid point as it is
+            z = (residuals(x0, full) / 0.1) ** 2
+            cost = float(np.sum(np.sqrt(1.0 + z) - 1.0))
+            if cost < best_cost:
+                best, best_cost = initial.with_vector(full), cost
+            continue
         result = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, args=(full,),
                                x_scale=np.maximum(np.abs(x0), 1e-3), diff_step=1e-3, max_nfev=300 if not grids else 120)
         if result.cost < best_cost:
@@ -84,11 +100,12 @@ def _subset(index: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, origin: str, seed: int = 0,
               fraction: float = 0.5, base: EngineCalibration | None = None, progress=None,
               only: set[str] | None = None, release: str | None = None,
-              sibling: EngineCalibration | None = None) -> EngineCalibration:
+              sibling: EngineCalibration | None = None, params: frozenset | None = None) -> EngineCalibration:
     """Fit every kernel model the tables cover (or the tables named in `only`, keeping `base` for the rest);
     `base` also supplies starting points and the sections no table covers. `sibling`: another device's fit of
     the same engine, one more start for every model (the best fit wins): a fit can settle in a local minimum
-    its own previous fit and the defaults both lead to."""
+    its own previous fit and the defaults both lead to. `params`: fit only these parameters of each refitted
+    model, the rest kept at `base`'s values (least_squares_fit's `free`)."""
     rng = np.random.default_rng(seed + 1)
     collector = COLLECTORS.get(engine, Collector())
     cal = EngineCalibration(engine=engine, origin=origin, release=release)
@@ -150,13 +167,39 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
         restarts = [fresh] if fresh != start else []
         if sibling is not None and (other := _start(key, sibling)) not in (start, fresh):
             restarts.append(other)
-        params = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
-                                   measured, restarts=tuple(restarts))
-        _store(sections, key, params)
+        fitted = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
+                                   measured, restarts=tuple(restarts),
+                                   **({"free": params} if params is not None else {}))
+        _store(sections, key, fitted)
         say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
     return replace(cal, gemm=sections["gemm"], prefill_attention=sections["prefill_attention"],
                    decode_attention=sections["decode_attention"], moe=sections["moe"], allreduce=sections["allreduce"],
                    carried=base.carried if base is not None else {})
+
+
+SECTION_PARAMS = {"gemm": GemmParams, "prefill_attention": PrefillAttentionParams,
+                  "decode_attention": DecodeAttentionParams, "moe": MoeParams, "custom_allreduce": CollectiveCurve,
+                  "nccl": CollectiveCurve}
+
+
+def _free_params(text: str | None, only: set[str] | None, sibling) -> frozenset | None:
+    """--params: the fitted parameters of the --only sections to refit alone."""
+    if not text:
+        return None
+    if only is None or sibling is not None:
+        raise ValueError("--params refits named parameters of the --only tables from the profile's own fit: "
+                         "give --only, and no --start-from")
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    sections = {o.split("/")[0] for o in only}
+    unknown = sorted(sections - set(SECTION_PARAMS))
+    if unknown:
+        raise ValueError(f"--params: --only names '{unknown[0]}', which has no fitted parameters to choose from")
+    known = set().union(*(SECTION_PARAMS[s].fitted_names() for s in sections))
+    missing = sorted(names - known)
+    if not names or missing:
+        raise ValueError(f"--params: '{missing[0] if missing else text}' is no fitted parameter of "
+                         f"{', '.join(sorted(sections))} (they are: {', '.join(sorted(known))})")
+    return names
 
 
 def _section(key: tuple) -> str:
@@ -260,6 +303,8 @@ def run_engine(args) -> int:
         if not sibling.origin.startswith("fitted"):
             raise ValueError(f"--start-from {args.start_from}: its {args.engine} kernel models are not fitted "
                              f"({sibling.origin})")
+    only = set(args.only.split(",")) if getattr(args, "only", None) else None
+    params = _free_params(getattr(args, "params", None), only, sibling)
     tables, set_aside = without_impossible_rows(load_tables(args.kernel_db, args.system, args.engine), hw)
     for note in set_aside:
         print(f"{args.system} {args.engine} {note}", file=sys.stderr)
@@ -272,13 +317,12 @@ def run_engine(args) -> int:
         current = current if current.origin.startswith("fitted") else None
     except ProfileError:
         current = None
-    only = set(args.only.split(",")) if getattr(args, "only", None) else None
     if only is not None and current is None:
         raise ValueError("--only refits some tables of an existing calibration; this profile has none for "
                          f"{args.engine}")
     cal = calibrate(tables, hw, args.engine, origin, args.seed, args.fit_fraction, base=current,
                     progress=lambda m: print(f"fitted {m}", file=sys.stderr, flush=True), only=only,
-                    release="/".join(versions), sibling=sibling)
+                    release="/".join(versions), sibling=sibling, params=params)
     if args.dry_run:
         print(dumps_strict(cal.to_json(), indent=1))
         return 0

@@ -60,7 +60,8 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
         p = attention_model(cal.prefill_attention, kv_format, window > 0, "prefill attention KV format", cal)
         t = prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
                                    hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.kv_heads,
-                                   w.qk_head_dim, w.v_head_dim, window=window, kv_bytes=1.0 if kv_format == "fp8" else 2.0)
+                                   w.qk_head_dim, w.v_head_dim, window=window,
+                                   kv_bytes=1.0 if kv_format == "fp8" else 2.0, kv_shares_storage=w.kv_shares_storage)
     return _kernel_time(t)
 
 

@@ -647,6 +647,40 @@ def test_prefill_tiles_follow_the_kernel_family():
     assert float(short.compute_s) < 0.2 * float(fixed.compute_s)     # 16-row tiles, not 128
 
 
+def test_flashinfer_prefill_sizes_its_key_tile_from_shared_memory():
+    # prefill.cuh's NUM_MMA_KV on a 100 KB unit (L40S), bf16 K/V: query tiles 16 / 64 / 128 rows at head dim 128
+    # take 64 / 64 / 32 keys (two CTAs a unit each); head dim 256 with 64 rows leaves room for one 16-key block
+    fi = PrefillAttentionParams(short_tile_q=2, tile_k_smem_kb=100)
+    rows, keys = prefill_tiles(fi, [16, 64, 4096, 64, 16, 4096], [128, 128, 128, 256, 256, 64])
+    assert rows.tolist() == [16.0, 64.0, 128.0, 64.0, 16.0, 128.0]
+    assert keys.tolist() == [64.0, 64.0, 32.0, 16.0, 64.0, 64.0]
+    # a byte-wide KV cache halves each key block's shared memory: twice the keys where shared memory binds
+    _, fp8_keys = prefill_tiles(fi, [64, 64], [128, 256], kv_bytes=1.0)
+    assert fp8_keys.tolist() == [128.0, 32.0]
+    # a 16-token prompt of 32 query heads over one KV head (512 packed rows, 8 CTAs of 64) is charged 16-key tiles,
+    # not the 128 keys a fixed tile pads it to
+    args = (142, 362e12, 90e12, 0.864e12, 96 * 2**20, 128, 16, 0, 32, 1, 256)
+    tile_work_only = dict(cta_us=0.0, cta_head_dim_us=0.0, fixed_us=0.0, pack_gqa=1.0)
+    sized = prefill_attention_time(PrefillAttentionParams(short_tile_q=2, tile_k_smem_kb=100, **tile_work_only), *args)
+    fixed = prefill_attention_time(PrefillAttentionParams(short_tile_q=2, **tile_work_only), *args)
+    assert float(sized.compute_s) < 0.2 * float(fixed.compute_s)
+
+
+def test_prefill_at_head_dim_512_takes_its_own_instance_efficiency():
+    base = dict(head_dim_256=0.8, head_dim_512=0.8, cta_us=0.0, cta_head_dim_us=0.0, fixed_us=0.0)
+    slow = dict(base, head_dim_512=0.2)
+    shape = (132, 989e12, 67e12, 3.35e12, 50e6, 1, 16384, 0, 8, 1)     # one 16k-token prompt, 8 heads over 1
+    same = [float(prefill_attention_time(PrefillAttentionParams(**kw), *shape, 256).compute_s) for kw in (base, slow)]
+    assert same[0] == same[1]                          # head dim 256 keeps its own efficiency
+    at_512 = [float(prefill_attention_time(PrefillAttentionParams(**kw), *shape, 512).compute_s) for kw in (base, slow)]
+    assert 3.0 < at_512[1] / at_512[0] < 4.0           # matrix work at a quarter of the rate, softmax unchanged
+    # MLA's absorbed attention (576 / 512 over one latent) runs its own kernel: head dim 256's efficiency
+    mla = (132, 989e12, 67e12, 3.35e12, 50e6, 1, 8192, 0, 16, 1, 576)
+    latent = [float(prefill_attention_time(PrefillAttentionParams(**kw), *mla, v_head_dim=512,
+                                           kv_shares_storage=True).compute_s) for kw in (base, slow)]
+    assert latent[0] == latent[1]
+
+
 def test_prefill_kv_cache_write_is_a_kernel_of_its_own():
     """The write adds to the attention kernel's time instead of overlapping its compute."""
     p = PrefillAttentionParams(smoothness=10.0, write_token_ns=0.0)
@@ -780,3 +814,31 @@ def test_vllm_one_token_context_rows_join_its_decode_fit_and_only_that(monkeypat
     fits.clear()
     fitted = ce.calibrate(tables, hw, "vllm", "test", fraction=1.0, base=cal, only={"prefill_attention"})
     assert fits == [(cal.prefill_attention["bf16"], 12)] and fitted.decode_attention == cal.decode_attention
+
+
+def test_params_refits_only_the_named_parameters(capsys):
+    """--params: a new mechanism's parameter fitted alone. The named parameter moves to the tables' value; every
+    other one of the refitted set stays at the profile's fit, and other sections are untouched."""
+    import cost.calibrate_engine as ce
+    from cost.kernel_db import KernelTable
+    from cost.kernel_rows import AttentionRow
+    hw = load_profile("h100")
+    cal = hw.engine("vllm")
+    bf16 = cal.prefill_attention["bf16"]
+    truth = replace(cal, prefill_attention={**cal.prefill_attention, "bf16": replace(bf16, head_dim_512=0.3)})
+    rows = [AttentionRow("prefill", b, q, 0, h, 1, d) for b in (1, 8) for q in (512, 2048, 8192) for h in (8, 16)
+            for d in (128, 512)]
+    tables = {"prefill_attention": KernelTable("prefill_attention", "synthetic", rows, price_rows(truth, hw, rows))}
+    fitted = ce.calibrate(tables, hw, "vllm", "test", fraction=1.0, base=cal, only={"prefill_attention"},
+                          params=frozenset({"head_dim_512"}))
+    got = fitted.prefill_attention["bf16"]
+    assert abs(got.head_dim_512 - 0.3) < 0.01
+    assert replace(got, head_dim_512=bf16.head_dim_512) == bf16
+    assert fitted.decode_attention == cal.decode_attention and fitted.gemm == cal.gemm
+    # names that no refitted model has, or --params without --only, are refused in one line (exit 2)
+    from cost.calibrate import main as calibrate_main
+    for extra in (["--only", "prefill_attention", "--params", "head_dim_1024"], ["--params", "head_dim_512"]):
+        rc = calibrate_main(["--kernel-db", str(SAMPLES), "--system", "h100_sxm", "--engine", "vllm", "--dry-run",
+                             *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("error: --params") and len(err.strip().splitlines()) == 1

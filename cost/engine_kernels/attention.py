@@ -45,7 +45,10 @@ class PrefillAttentionParams(ParamSet):
     compute: float = param(0.7, 0.05, 1.0, "fraction of the matrix peak per busy unit, head dim 128")
     head_dim_64: float = param(1.0, 0.1, 2.0, "efficiency at head dim 64 relative to 128 (its own kernel instance)")
     head_dim_192: float = param(1.0, 0.1, 2.0, "efficiency at head dim 192 relative to 128")
-    head_dim_256: float = param(1.0, 0.1, 2.0, "efficiency at head dim 256 and above relative to 128")
+    head_dim_256: float = param(1.0, 0.1, 2.0, "efficiency at head dim 256 relative to 128")
+    head_dim_512: float = param(1.0, 0.02, 2.0, "efficiency at head dim 512 and above relative to 128: the engines "
+                                "that have no flash kernel of their own there (FlashAttention-3 stops at 256) run "
+                                "FlashInfer's FA2 kernel, one 16-key block per tile on 100-228 KB units")
     softmax_ops: float = param(12.0, 0.0, 64.0, "vector ops per score (exp, max, sum, scale)")
     occupancy: float = param(2.0, 0.5, 8.0, "CTAs resident per unit")
     memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth for Q, O and cached-prefix traffic")
@@ -73,6 +76,11 @@ class PrefillAttentionParams(ParamSet):
                               "that many (TensorRT-LLM's context FMHA for short queries); 2: FlashInfer's whole rule "
                               "(FA2DetermineCtaTileQ), the same and never more than 64 rows at head dim 256; "
                               "0: always tile_q (kernel data)", fitted=False)
+    tile_k_smem_kb: float = param(0.0, 0.0, 256.0, "shared memory per unit (KB) a kernel that sizes its key tile "
+                                  "from it sees: FlashInfer's FA2 prefill takes the most 16-key MMA blocks that two "
+                                  "(else one) CTAs of its query tile leave room for, at most 8 / its query MMAs "
+                                  "(prefill.cuh NUM_MMA_KV; L40S and RTX PRO 6000 100 KB, A100 164 KB); 0: tile_k as "
+                                  "given (kernel data)", fitted=False)
     shares_kv_head_ctas: int = param(1, 0, 1, "1: the query heads of one KV head may share CTAs (as pack_gqa says); "
                                      "0: never, a CTA per query head and query tile whatever the group "
                                      "(TensorRT-LLM's context FMHA: its short-query rows take the same time at "
@@ -134,18 +142,23 @@ def _strided_s(p, batch, kv_heads):
     return ((batch > 1) & (kv_heads > 1)) * p.strided_us * 1e-6
 
 
-def _head_dim_efficiency(p: PrefillAttentionParams, d):
-    """Flash kernels are compiled per head dim: interpolate the fitted efficiencies in log2(head dim)."""
-    points = np.log2([64.0, 128.0, 192.0, 256.0])
-    factors = [p.head_dim_64, 1.0, p.head_dim_192, p.head_dim_256]
+def _head_dim_efficiency(p: PrefillAttentionParams, d, kv_shares_storage=False):
+    """Flash kernels are compiled per head dim: interpolate the fitted efficiencies in log2(head dim). MLA's
+    absorbed attention (576 over one latent) runs a kernel built for it, not the generic head-dim-512 instance:
+    it keeps head dim 256's efficiency."""
+    points = np.log2([64.0, 128.0, 192.0, 256.0, 512.0])
+    factors = [p.head_dim_64, 1.0, p.head_dim_192, p.head_dim_256, p.head_dim_512]
+    d = np.where(kv_shares_storage, np.minimum(d, 256.0), d)
     return p.compute * np.interp(np.log2(np.maximum(d, 1.0)), points, factors)
 
 
-def prefill_tiles(p: PrefillAttentionParams, packed_rows, head_dim):
+def prefill_tiles(p: PrefillAttentionParams, packed_rows, head_dim, v_head_dim=None, kv_bytes=2.0,
+                  q_bytes: float = 2.0):
     """Query rows and keys per CTA tile: `tile_q` rows (16 or 64 when the packed query rows of a KV head fit
     them, on kernels with FlashInfer's rule), `tile_k` keys (scaled as 128 / head dim on kernels that keep
-    the key tile's shared memory fixed)."""
-    rows, d = arrays(packed_rows, head_dim)
+    the key tile's shared memory fixed, or sized from shared memory as FlashInfer's prefill does)."""
+    rows, d, kvb = arrays(packed_rows, head_dim, kv_bytes)
+    dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     tq = np.full_like(rows, float(p.tile_q))
     if p.short_tile_q:
         tq = np.where(rows <= 16, np.minimum(16.0, tq), np.where(rows <= 64, np.minimum(64.0, tq), tq))
@@ -154,17 +167,35 @@ def prefill_tiles(p: PrefillAttentionParams, packed_rows, head_dim):
     tk = np.full_like(d, float(p.tile_k))
     if p.tile_k_by_head_dim:
         tk = np.clip(2.0 ** np.floor(np.log2(p.tile_k * 128.0 / np.maximum(d, 1.0))), 32.0, 256.0)
+    if p.tile_k_smem_kb:
+        tk = _flashinfer_tile_k(p.tile_k_smem_kb * 1024.0, tq, d, dv, kvb, q_bytes)
     return tq, tk
+
+
+def _flashinfer_tile_k(smem, tq, d, dv, kv_bytes, q_bytes):
+    """FlashInfer FA2 prefill's keys per tile: NUM_MMA_KV x NUM_WARPS_KV x 16. A 16-row query tile spreads four
+    warps over the keys, larger ones one; the query tile and one 16-key block of K and V per KV warp must fit
+    twice in a unit's shared memory for two CTAs to share it; the key blocks then take what is left of the CTA's
+    share, a power of two up to 8 / the query tile's 64-row MMAs (registers)."""
+    warps_kv = np.where(tq <= 16, 4.0, 1.0)
+    mma_q = np.where(tq >= 128, 2.0, 1.0)
+    q_smem = tq * d * q_bytes
+    per_mma = (d + dv) * 16.0 * warps_kv * kv_bytes
+    ctas = np.where(smem >= 2.0 * (q_smem + per_mma), 2.0, 1.0)
+    room = np.floor((smem / ctas - q_smem) / per_mma)
+    mma_kv = 2.0 ** np.floor(np.log2(np.clip(np.minimum(room, 8.0 / mma_q), 1.0, 8.0)))
+    return mma_kv * warps_kv * 16.0
 
 
 def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_flops: float, vector_flops: float,
                            bandwidth: float, l2_bytes: float, batch, query, context, heads, kv_heads, head_dim,
-                           v_head_dim=None, window=0, kv_bytes=2.0, act_bytes: float = 2.0) -> Times:
+                           v_head_dim=None, window=0, kv_bytes=2.0, act_bytes: float = 2.0,
+                           kv_shares_storage=False) -> Times:
     b, q, c, h, kvh, d, w, kvb = arrays(batch, query, context, heads, kv_heads, head_dim, window, kv_bytes)
     dv = d if v_head_dim is None else np.asarray(v_head_dim, dtype=float)
     group = h / kvh
     shares = bool(p.shares_kv_head_ctas)
-    tq, tk = prefill_tiles(p, q * (group if shares else 1.0), d)   # a CTA's query rows
+    tq, tk = prefill_tiles(p, q * (group if shares else 1.0), d, dv, kvb, act_bytes)   # a CTA's query rows
     # keys one query tile sweeps: no more than the sequence, nor (on kernels that skip the tiles before a
     # sliding window) than the window past its first query
     windowed = np.minimum(c + q, np.where(w > 0, w + tq, np.inf))
@@ -181,7 +212,8 @@ def prefill_attention_time(p: PrefillAttentionParams, compute_units: int, peak_f
     tiles = np.where(packed, tiles_packed, tiles_unpacked)          # per (sequence, KV head)
     ctas = b * kvh * np.where(packed, n_packed, n_q * group)
 
-    tile_s = (2.0 * tq * tk * (d + dv) / (peak_flops / compute_units * _head_dim_efficiency(p, d))
+    rate = peak_flops / compute_units * _head_dim_efficiency(p, d, kv_shares_storage)
+    tile_s = (2.0 * tq * tk * (d + dv) / rate
               + tq * tk * p.softmax_ops / (vector_flops / compute_units))
     waves = np.ceil(ctas / (compute_units * p.occupancy))
     compute = (np.maximum(b * kvh * tiles / compute_units, longest) * tile_s
