@@ -226,7 +226,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kernel-db", required=True, help="the aiconfigurator-core wheel or its unzipped folder")
     p.add_argument("--systems", type=system_list, default=None,
-                   help="comma-separated table systems (default: every one with a bundled profile that the tables hold)")
+                   help="comma-separated table systems (default: every one with a bundled profile that the "
+                        "tables hold)")
     p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES))
     p.add_argument("--refit", action="store_true", help="refit on the seeded half instead of using the profiles")
     p.add_argument("--seed", type=int, default=0)

@@ -46,9 +46,9 @@ class PrefillAttentionParams(ParamSet):
     head_dim_64: float = param(1.0, 0.1, 2.0, "efficiency at head dim 64 relative to 128 (its own kernel instance)")
     head_dim_192: float = param(1.0, 0.1, 2.0, "efficiency at head dim 192 relative to 128")
     head_dim_256: float = param(1.0, 0.1, 2.0, "efficiency at head dim 256 relative to 128")
-    head_dim_512: float = param(1.0, 0.02, 2.0, "efficiency at head dim 512 and above relative to 128: the engines "
-                                "that have no flash kernel of their own there (FlashAttention-3 stops at 256) run "
-                                "FlashInfer's FA2 kernel, one 16-key block per tile on 100-228 KB units")
+    head_dim_512: float = param(1.0, 0.02, 2.0, "efficiency at head dim 512 and above relative to 128 "
+                                "(FlashAttention-3 stops at head dim 256: the engines run another kernel there, "
+                                "0.2-0.7 of the rate)")
     softmax_ops: float = param(12.0, 0.0, 64.0, "vector ops per score (exp, max, sum, scale)")
     occupancy: float = param(2.0, 0.5, 8.0, "CTAs resident per unit")
     memory: float = param(0.8, 0.05, 1.0, "fraction of HBM bandwidth for Q, O and cached-prefix traffic")
@@ -79,8 +79,8 @@ class PrefillAttentionParams(ParamSet):
     tile_k_smem_kb: float = param(0.0, 0.0, 256.0, "shared memory per unit (KB) a kernel that sizes its key tile "
                                   "from it sees: FlashInfer's FA2 prefill takes the most 16-key MMA blocks that two "
                                   "(else one) CTAs of its query tile leave room for, at most 8 / its query MMAs "
-                                  "(prefill.cuh NUM_MMA_KV; L40S and RTX PRO 6000 100 KB, A100 164 KB); 0: tile_k as "
-                                  "given (kernel data)", fitted=False)
+                                  "(prefill.cuh NUM_MMA_KV; set to 100 KB for SGLang on L40S and RTX PRO 6000); 0: "
+                                  "tile_k as given (kernel data)", fitted=False)
     shares_kv_head_ctas: int = param(1, 0, 1, "1: the query heads of one KV head may share CTAs (as pack_gqa says); "
                                      "0: never, a CTA per query head and query tile whatever the group "
                                      "(TensorRT-LLM's context FMHA: its short-query rows take the same time at "
