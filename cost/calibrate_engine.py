@@ -193,7 +193,8 @@ def _free_params(text: str | None, only: set[str] | None, sibling) -> frozenset 
     sections = {o.split("/")[0] for o in only}
     unknown = sorted(sections - set(SECTION_PARAMS))
     if unknown:
-        raise ValueError(f"--params: --only names '{unknown[0]}', which has no fitted parameters to choose from")
+        raise ValueError(f"--params: --only names '{unknown[0]}', whose fit --params does not hold apart "
+                         f"(tables it does: {', '.join(SECTION_PARAMS)})")
     known = set().union(*(SECTION_PARAMS[s].fitted_names() for s in sections))
     missing = sorted(names - known)
     if not names or missing:
