@@ -10,6 +10,7 @@ import numpy as np
 from .engine_kernels import (EngineCalibration, Times, decode_attention_time, moe_time, prefill_attention_time,
                              routing_stats, stream_time)
 from .engine_kernels.tuned_moe import tuned_mask
+from .engine_kernels.unified_attention import unified_prefill_time
 from .engines import ENGINES
 from .execution import Kernel
 from .kernel_rows import WEIGHT_FORMATS, attention_model, decode_kernel, gemm_rows_time
@@ -62,6 +63,11 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
                                    hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.kv_heads,
                                    w.qk_head_dim, w.v_head_dim, window=window,
                                    kv_bytes=1.0 if kv_format == "fp8" else 2.0, kv_shares_storage=w.kv_shares_storage)
+        if w.has_sinks and cal.sink_attention.get("kernel") == "triton_unified":
+            t = unified_prefill_time(t, cal.elementwise, hw.bandwidth, hw.l2_bytes, w.batch, w.query_length,
+                                     w.context_length, w.heads, w.kv_heads, w.qk_head_dim, w.v_head_dim, window,
+                                     kv_bytes=1.0 if kv_format == "fp8" else 2.0,
+                                     l2_share=cal.sink_attention.get("l2_share", 1.0))
     return _kernel_time(t)
 
 

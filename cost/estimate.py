@@ -247,6 +247,13 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         comm = _engine_communication(trace, par, hw, engine, layout_notes)
         notes += layout_notes
         notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
+        if cal.sink_attention and any(k.op is not None and k.op.attention is not None and k.op.attention.has_sinks
+                                      for k in kernels):
+            notes.append(f"{ENGINES[engine].label} kernels: attention with sink logits on its Triton unified "
+                         f"attention kernel here: prefill priced as that kernel's key and value re-reads, one per "
+                         f"16 query rows, where they take longer than the fitted prefill kernel "
+                         f"(cost/engine_kernels/unified_attention.py); decode on the fitted decode model "
+                         f"({cal.sink_attention['why']})")
         used = {("moe" if k.op is not None and k.op.experts is not None else "gemm", f.kernel)
                 for k, f in zip(kernels, formats) if f is not None}
         notes += [f"{ENGINES[engine].label} kernels: {key} from {where}" for key, where in cal.inherited.items()

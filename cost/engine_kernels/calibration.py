@@ -18,6 +18,9 @@ KV_FORMATS = ("bf16", "fp8", "bf16_window", "fp8_window")   # sliding-window att
 DECODE_KERNELS = KV_FORMATS + tuple(f"{k}_mha" for k in KV_FORMATS) + tuple(f"{k}_tc" for k in KV_FORMATS)
 MOE_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4", "int4")
 SECTIONS = ("gemm", "quant", "elementwise", "prefill_attention", "decode_attention", "moe", "allreduce")
+# kernels an engine runs an attention with per-head sink logits (gpt-oss) through on a device whose fitted prefill
+# kernel lacks them (cost/engine_kernels/unified_attention.py)
+SINK_KERNELS = ("triton_unified",)
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class EngineCalibration:
                                                   # a format this device's tables do not time as the engine runs
                                                   # it, taken from a sibling device's fit of the same engine, or
                                                   # from another engine's fit that times the same kernel
+    # {"kernel": one of SINK_KERNELS, "why": TEXT, "l2_share"?: 0-1}: where this device's fitted prefill kernel has
+    # no sink logits and the engine runs such an attention on another kernel; empty: the fitted kernel runs them
+    sink_attention: dict = field(default_factory=dict)
 
     @property
     def inherited_notes(self) -> list[str]:
@@ -61,7 +67,8 @@ class EngineCalibration:
                     taken[name] = base_label
                 values[name] = mine if mine is not None else theirs
         return EngineCalibration(engine=self.engine, origin=self.origin, release=self.release,
-                                 inherited={**self.inherited, **taken}, carried=self.carried, **values)
+                                 inherited={**self.inherited, **taken}, carried=self.carried,
+                                 sink_attention=self.sink_attention, **values)
 
     def with_format(self, key: str, params, label: str) -> "EngineCalibration":
         """This calibration with one `section.format` set to `params`, taken from `label` (said in notes)."""
@@ -76,6 +83,8 @@ class EngineCalibration:
             out["release"] = self.release
         if self.carried:
             out["carried"] = self.carried
+        if self.sink_attention:
+            out["sink_attention"] = self.sink_attention
         if self.gemm:
             out["gemm"] = {k: v.to_json() for k, v in self.gemm.items()}
         for name in ("quant", "elementwise"):
@@ -115,9 +124,22 @@ def _carried(data, where: str) -> dict:
     return dict(data)
 
 
+def _sink_attention(data, where: str) -> dict:
+    if not isinstance(data, dict) or not {"kernel", "why"} <= set(data) <= {"kernel", "why", "l2_share"} or not all(
+            isinstance(data[k], str) and data[k] for k in ("kernel", "why")):
+        raise ValueError(f"{where}: must be {{\"kernel\": KERNEL, \"why\": TEXT}} (and \"l2_share\": the share of "
+                         f"L2 holding what every unit reads, 0-1)")
+    share = data.get("l2_share", 1.0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+        raise ValueError(f"{where}.l2_share: must be a number in (0, 1]")
+    if data["kernel"] not in SINK_KERNELS:
+        raise ValueError(f"{where}.kernel: unknown kernel '{data['kernel']}' (choose from {', '.join(SINK_KERNELS)})")
+    return dict(data)
+
+
 def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
     """Validate an `engines.<engine>` section (without `from`); every error names the field."""
-    allowed = {"origin", "release", "carried", *SECTIONS}
+    allowed = {"origin", "release", "carried", "sink_attention", *SECTIONS}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ValueError(f"{where}: unknown field '{unknown[0]}' (fields: {', '.join(sorted(allowed))})")
@@ -149,6 +171,8 @@ def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
 
     return EngineCalibration(
         engine=engine, origin=origin, release=release, carried=_carried(data.get("carried", {}), f"{where}.carried"),
+        sink_attention=_sink_attention(data["sink_attention"], f"{where}.sink_attention")
+        if "sink_attention" in data else {},
         gemm=_keyed(data.get("gemm", {}), f"{where}.gemm", GEMM_FORMATS, GemmParams),
         quant=optional("quant", StreamParams), elementwise=optional("elementwise", StreamParams),
         prefill_attention=_keyed(data.get("prefill_attention", {}), f"{where}.prefill_attention", KV_FORMATS,
