@@ -57,6 +57,9 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
         t = decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, w.batch, max(w.context_length, 1),
                                   w.heads, w.kv_heads, w.qk_head_dim, w.v_head_dim, window=window,
                                   kv_bytes=1.0 if kv_format == "fp8" else 2.0, kv_shares_storage=w.kv_shares_storage)
+    elif w.expanded_head_dims and engine.mla_prefill and engine.mla_prefill.expanded(w.query_length,
+                                                                                      w.batch * w.context_length):
+        t = expanded_mla_prefill(w, hw, cal)
     else:
         p = attention_model(cal.prefill_attention, kv_format, window > 0, "prefill attention KV format", cal)
         t = prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
@@ -69,6 +72,24 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
                                      kv_bytes=1.0 if kv_format == "fp8" else 2.0,
                                      l2_share=cal.sink_attention.get("l2_share", 1.0))
     return _kernel_time(t)
+
+
+def expanded_mla_prefill(w, hw: HardwareProfile, cal: EngineCalibration) -> Times:
+    """MLA over a prompt chunk as engines prefill it (cost/engines.py MlaPrefill): FlashAttention over every head's
+    own K and V at the expanded head dims, in bf16 whatever the cache's format (the up-projection writes them), and
+    the up-projection of the cached context's latent through kv_b_proj, priced as a bf16 GEMM. The chunk's own
+    tokens take the absorbed bmm the trace records for them: the same FLOPs as their up-projection."""
+    qk, v = w.expanded_head_dims
+    p = attention_model(cal.prefill_attention, "bf16", False, "prefill attention KV format", cal)
+    t = prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
+                               hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.heads, qk, v).scalar()
+    if w.context_length <= 0:
+        return t
+    latent = w.v_head_dim                       # the absorbed form's V is the latent
+    nope = qk - (w.qk_head_dim - latent)        # its K is the latent and the rope dims
+    up = gemm_rows_time(cal, hw, "bf16", w.batch * w.context_length, w.heads * (nope + v), latent, True,
+                        model_step=True).scalar()
+    return Times(t.seconds + up.seconds, t.compute_s + up.compute_s, t.memory_s + up.memory_s, t.fixed_s + up.fixed_s)
 
 
 def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: RunFormat) -> KernelTime:

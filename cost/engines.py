@@ -33,6 +33,27 @@ class ServingDefaults:
     prefill_apart: bool = False
 
 
+# a query of at most this many rows per sequence is a decode or a speculative verification (1 + the draft tokens),
+# which every engine runs on its absorbed MLA kernel (vLLM's decode path takes queries up to reorder_batch_threshold,
+# 1 + num_speculative_tokens; SGLang's target_verify runs MLA)
+MLA_DECODE_QUERY_ROWS = 16
+
+
+@dataclass(frozen=True)
+class MlaPrefill:
+    """How an engine runs MLA attention over a prompt chunk. Engines prefill in the expanded multi-head form:
+    K-nope and V per head up-projected from the latent cache by kv_b_proj, then FlashAttention at the expanded head
+    dims (192 / 128 for DeepSeek-V3): 3.4x fewer attention FLOPs than the absorbed form's 576 / 512 over one latent
+    head, plus the up-projection of the cached context. `absorbed_prefix`: the range of cached-prefix tokens (summed
+    over the batch's sequences) at which the engine keeps its absorbed kernel for a chunk; (0, -1): never."""
+    source: str
+    absorbed_prefix: tuple[int, int] = (0, -1)
+
+    def expanded(self, query_rows: int, prefix_tokens: int) -> bool:
+        low, high = self.absorbed_prefix
+        return query_rows > MLA_DECODE_QUERY_ROWS and not low <= prefix_tokens <= high
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str
@@ -58,6 +79,8 @@ class Engine:
     # (the engine splits its batch by query length); False: a new request's forward is a prefill (extend, context)
     # call whatever its length
     one_token_query_decodes: bool = False
+    # how it prefills MLA (DeepSeek): None, absorbed as it decodes
+    mla_prefill: MlaPrefill | None = None
 
     def decode_kernel(self, group: float, kv_shares_storage: bool = False) -> str:
         """'mha' where the engine runs a query-head group's decode on its multi-head kernel, else ''. MLA's absorbed
@@ -107,8 +130,16 @@ ENGINES: dict[str, Engine] = {
     # (kernel_source vllm_flashinfer_fidecode / vllm_flashinfer_trtllmdecode), on the same FlashAttention call as
     # its decode rows elsewhere. SGLang (an extend batch) and TensorRT-LLM (a context request) prefill them.
     "vllm": Engine("vllm", "vLLM", custom_allreduce_max_bytes=8 * 2**20, own_chat_renderers=("gpt_oss",),
-                   one_token_query_decodes=True),
-    "sglang": Engine("sglang", "SGLang", custom_allreduce_max_bytes=8 * 2**20),
+                   one_token_query_decodes=True,
+                   mla_prefill=MlaPrefill("vllm/v1/attention/backends/mla/common.py: prefills run flash_attn_varlen "
+                                          "over K and V up-projected by kv_b_proj (the cached context chunk by chunk, "
+                                          "_compute_prefill_context); decodes the absorbed kernel (FlashMLA)")),
+    "sglang": Engine("sglang", "SGLang", custom_allreduce_max_bytes=8 * 2**20,
+                     mla_prefill=MlaPrefill("sglang/srt/models/deepseek_common/attention_backend_handler.py "
+                                            "_handle_attention_backend (0.5.14): an extend without speculation whose "
+                                            "prefix is 0 or at least SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD (8192) "
+                                            "runs MHA, a prefix of 1-8191 the absorbed MLA kernel",
+                                            absorbed_prefix=(1, 8191))),
     # TensorRT-LLM's FP8 checkpoints (ModelOpt) carry static activation scales: RMSNorm, SwiGLU and the attention
     # kernels write FP8 directly
     # Its XQA decode kernel serves MQA and GQA (docs/source/blogs/XQA-kernel.md: "XQA kernel provides optimization
@@ -117,7 +148,10 @@ ENGINES: dict[str, Engine] = {
     # shows the two: at one key, a CTA wave takes 1.3-1.5 us for groups of 1 and past 32, 4-7 us for bf16 GQA
     # (H100), and one kernel model per KV format cannot fit both
     "trtllm": Engine("trtllm", "TensorRT-LLM", custom_allreduce_max_bytes=8 * 2**20,
-                     fused_activation_quant=("fp8",), vendors=("NVIDIA",), gqa_decode_groups=(2, 32)),
+                     fused_activation_quant=("fp8",), vendors=("NVIDIA",), gqa_decode_groups=(2, 32),
+                     mla_prefill=MlaPrefill("AIConfigurator 0.12's TensorRT-LLM 1.3.0rc20 context-MLA table on H200: "
+                                            "128 heads over 32,768 tokens in 77.0 ms, 571 TFLOP/s in the expanded "
+                                            "form and 1,942 (twice the bf16 peak) in the absorbed one")),
 }
 DEFAULT_ENGINE = "vllm"
 # serving engines of vendors that none of ENGINES runs on, named when such a device is refused

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from tracer.work import ATTENTION, GEMM, OTHER, Trace
 
-from .engines import DEFAULT_ENGINE, ENGINES
+from .engines import DEFAULT_ENGINE, ENGINES, MLA_DECODE_QUERY_ROWS
 from .execution import EAGER, ENGINE, EP_ALL_TOKENS, EP_DISPATCH, Kernel, build_kernels, expert_slots
 from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, experts_time, gemm_time, stream_time
 from .engine_kernels import allreduce_time, nearest_curve
@@ -254,6 +254,16 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
                          f"16 query rows, where they take longer than the fitted prefill kernel "
                          f"(cost/engine_kernels/unified_attention.py); decode on the fitted decode model "
                          f"({cal.sink_attention['why']})")
+        rule = ENGINES[engine].mla_prefill
+        mla = [k.op.attention.expanded_head_dims for k in kernels
+               if k.op is not None and k.op.attention is not None and k.op.attention.expanded_head_dims]
+        if rule and mla:
+            low, high = rule.absorbed_prefix
+            kept = f", or over a cached prefix of {low}-{high} tokens," if low <= high else ""
+            notes.append(f"{ENGINES[engine].label} kernels: MLA prefill in the expanded multi-head form, K and V per "
+                         f"head at head dims {mla[0][0]} / {mla[0][1]} up-projected from the latent cache (the cached "
+                         f"context's up-projection priced as a bf16 GEMM); decodes and chunks of at most "
+                         f"{MLA_DECODE_QUERY_ROWS} query rows{kept} run absorbed ({rule.source})")
         used = {("moe" if k.op is not None and k.op.experts is not None else "gemm", f.kernel)
                 for k, f in zip(kernels, formats) if f is not None}
         notes += [f"{ENGINES[engine].label} kernels: {key} from {where}" for key, where in cal.inherited.items()

@@ -197,6 +197,7 @@ def _ceiling_note(f: RunFormat, engine: str, hw: HardwareProfile) -> str:
 def is_formats_note(note: str) -> bool:
     """A note on the formats and kernels a step runs: the per-op formats, a GEMM / MoE format's kernel model taken
     from another fit (cost/estimate.py, "vLLM kernels: moe.fp8 from the NVIDIA H200 SXM fit (...)"), or an
-    attention the engine runs on another kernel than its fitted one ("vLLM kernels: attention with sink logits")."""
+    attention the engine runs on another kernel than its fitted one ("vLLM kernels: attention with sink logits",
+    "... MLA prefill in the expanded multi-head form")."""
     return note.startswith("formats") or re.match(r"^[\w.-]+ kernels: ((gemm|moe)\.\w+ from |attention with sink "
-                                                  r"logits )", note) is not None
+                                                  r"logits |MLA prefill in )", note) is not None

@@ -47,7 +47,8 @@ def keys_read(query_length: int, context_length: int, window: int | None = None)
 
 def attention_work(batch: int, heads: int, kv_heads: int, qk_head_dim: int, v_head_dim: int, query_length: int,
                    context_length: int, window: int | None = None, kv_shares_storage: bool = False,
-                   has_sinks: bool = False, causal: bool = True, chunk: int | None = None) -> AttentionWork:
+                   has_sinks: bool = False, causal: bool = True, chunk: int | None = None,
+                   expanded_head_dims: tuple[int, int] | None = None) -> AttentionWork:
     if not causal:
         pairs, keys = query_length * (context_length + query_length), context_length + query_length
         window = chunk = None
@@ -60,7 +61,8 @@ def attention_work(batch: int, heads: int, kv_heads: int, qk_head_dim: int, v_he
     return AttentionWork(batch=batch, heads=heads, kv_heads=kv_heads, qk_head_dim=qk_head_dim,
                          v_head_dim=v_head_dim, query_length=query_length, context_length=context_length,
                          window=window, pairs_per_sequence=pairs, kv_tokens_read=keys,
-                         kv_shares_storage=kv_shares_storage, has_sinks=has_sinks, causal=causal, chunk=chunk)
+                         kv_shares_storage=kv_shares_storage, has_sinks=has_sinks, causal=causal, chunk=chunk,
+                         expanded_head_dims=expanded_head_dims)
 
 
 def attention_flops(w: AttentionWork) -> float:
@@ -80,7 +82,7 @@ def attention_bytes(w: AttentionWork, act_bytes: int, kv_bytes: int) -> tuple[fl
 
 def record_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int | None,
                      sinks: torch.Tensor | None = None, kv_shares_storage: bool = False, causal: bool = True,
-                     chunk: int | None = None) -> torch.Tensor:
+                     chunk: int | None = None, expanded_head_dims: tuple[int, int] | None = None) -> torch.Tensor:
     """Record attention over [B, H, Q, D] queries and [B, Hkv, C+Q, D] keys; return [B, Q, H, Dv]."""
     batch, heads, q_len, qk_dim = query.shape
     kv_heads, kv_len, v_dim = key.shape[1], key.shape[2], value.shape[-1]
@@ -91,7 +93,7 @@ def record_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         if window is not None and (not isinstance(window, int) or window <= 0):
             window = None
         work = attention_work(batch, heads, kv_heads, qk_dim, v_dim, q_len, max(0, kv_len - q_len), window,
-                              kv_shares_storage, sinks is not None, causal, chunk)
+                              kv_shares_storage, sinks is not None, causal, chunk, expanded_head_dims)
         read, written = attention_bytes(work, query.element_size(), rec.kv_element_size)
         rec.record("tracecost.attention", ATTENTION, MATRIX, attention_flops(work), [query, key, value], [out],
                    bytes_read=read, bytes_written=written, attention=work)

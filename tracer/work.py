@@ -41,6 +41,9 @@ class AttentionWork:
     has_sinks: bool = False
     causal: bool = True              # False: every query sees every key (encoders, e.g. a vision tower)
     chunk: int | None = None         # chunked local attention (Llama-4): a query sees only its chunk's keys
+    # MLA in the absorbed form: (qk, v) head dims of its expanded multi-head form (K-nope + rope, V per head),
+    # the form serving engines prefill in (cost/engines.py MlaPrefill); None: not MLA
+    expanded_head_dims: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
