@@ -247,23 +247,7 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         comm = _engine_communication(trace, par, hw, engine, layout_notes)
         notes += layout_notes
         notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
-        if cal.sink_attention and any(k.op is not None and k.op.attention is not None and k.op.attention.has_sinks
-                                      for k in kernels):
-            notes.append(f"{ENGINES[engine].label} kernels: attention with sink logits on its Triton unified "
-                         f"attention kernel here: prefill priced as that kernel's key and value re-reads, one per "
-                         f"16 query rows, where they take longer than the fitted prefill kernel "
-                         f"(cost/engine_kernels/unified_attention.py); decode on the fitted decode model "
-                         f"({cal.sink_attention['why']})")
-        rule = ENGINES[engine].mla_prefill
-        mla = [k.op.attention.expanded_head_dims for k in kernels
-               if k.op is not None and k.op.attention is not None and k.op.attention.expanded_head_dims]
-        if rule and mla:
-            low, high = rule.absorbed_prefix
-            kept = f", or over a cached prefix of {low}-{high} tokens," if low <= high else ""
-            notes.append(f"{ENGINES[engine].label} kernels: MLA prefill in the expanded multi-head form, K and V per "
-                         f"head at head dims {mla[0][0]} / {mla[0][1]} up-projected from the latent cache (the cached "
-                         f"context's up-projection priced as a bf16 GEMM); decodes and chunks of at most "
-                         f"{MLA_DECODE_QUERY_ROWS} query rows{kept} run absorbed ({rule.source})")
+        notes += _attention_kernel_notes(kernels, engine, cal)
         used = {("moe" if k.op is not None and k.op.experts is not None else "gemm", f.kernel)
                 for k, f in zip(kernels, formats) if f is not None}
         notes += [f"{ENGINES[engine].label} kernels: {key} from {where}" for key, where in cal.inherited.items()
@@ -289,6 +273,28 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
                     host_s=host_seconds(trace, execution, launches, hw), kernels=priced,
                     engine=engine if execution == ENGINE else None, notes=list(dict.fromkeys(notes)), origin=origin,
                     layout_notes=list(dict.fromkeys(layout_notes)))
+
+
+def _attention_kernel_notes(kernels: list[Kernel], engine: str, cal) -> list[str]:
+    """The attentions an engine runs on another kernel than its fitted one, or in another form than the trace's."""
+    label = ENGINES[engine].label
+    attentions = [k.op.attention for k in kernels if k.op is not None and k.op.attention is not None]
+    notes = []
+    if cal.sink_attention and any(w.has_sinks for w in attentions):
+        notes.append(f"{label} kernels: attention with sink logits on its Triton unified attention kernel here: "
+                     f"prefill priced as that kernel's key and value re-reads, one per 16 query rows, where they take "
+                     f"longer than the fitted prefill kernel (cost/engine_kernels/unified_attention.py); decode on the "
+                     f"fitted decode model ({cal.sink_attention['why']})")
+    rule = ENGINES[engine].mla_prefill
+    mla = [w.expanded_head_dims for w in attentions if w.expanded_head_dims]
+    if rule and mla:
+        low, high = rule.absorbed_prefix
+        kept = f", or over a cached prefix of {low}-{high} tokens," if low <= high else ""
+        notes.append(f"{label} kernels: MLA prefill in the expanded multi-head form, K and V per head at head dims "
+                     f"{mla[0][0]} / {mla[0][1]} up-projected from the latent cache (the cached context's "
+                     f"up-projection priced as a bf16 GEMM); decodes and chunks of at most {MLA_DECODE_QUERY_ROWS} "
+                     f"query rows{kept} run absorbed ({rule.source})")
+    return notes
 
 
 def sampling_seconds(rows: float, vocab: int, hw: HardwareProfile, engine: str = DEFAULT_ENGINE) -> float:
