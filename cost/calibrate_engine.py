@@ -49,11 +49,11 @@ def least_squares_fit(initial, predict, measured: np.ndarray, restarts=(), free:
     if held:
         grids = {n: values for n, values in grids.items() if n in chosen}
         restarts = ()
-    free = np.array([n not in grids and n in chosen for n in names])
+    moving = np.array([n not in grids and n in chosen for n in names])   # the solver's vector
 
     def residuals(x_free, full):
         x = full.copy()
-        x[free] = x_free
+        x[moving] = x_free
         with np.errstate(all="ignore"):
             pred = predict(initial.with_vector(x))
         r = np.log(np.maximum(pred, 1e-12) / measured)
@@ -64,11 +64,11 @@ def least_squares_fit(initial, predict, measured: np.ndarray, restarts=(), free:
     if not held:
         origins += [replace(initial, **{name: value}) for name, values in initial.starts().items()
                     for value in values]
-    lo, hi = low[free], high[free]
+    lo, hi = low[moving], high[moving]
     for origin, point in product(origins, product(*grids.values()) if grids else [()]):
         full = replace(origin, **dict(zip(grids, point))).vector()
-        x0 = np.clip(full[free], lo + 1e-12 * (hi - lo), hi - 1e-12 * (hi - lo))
-        if not free.any():      # only grid parameters chosen: each grid point as it is
+        x0 = np.clip(full[moving], lo + 1e-12 * (hi - lo), hi - 1e-12 * (hi - lo))
+        if not moving.any():      # only grid parameters chosen: each grid point as it is
             z = (residuals(x0, full) / 0.1) ** 2
             cost = float(np.sum(np.sqrt(1.0 + z) - 1.0))
             if cost < best_cost:
@@ -77,7 +77,7 @@ def least_squares_fit(initial, predict, measured: np.ndarray, restarts=(), free:
         result = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, args=(full,),
                                x_scale=np.maximum(np.abs(x0), 1e-3), diff_step=1e-3, max_nfev=300 if not grids else 120)
         if result.cost < best_cost:
-            full[free] = np.clip(result.x, lo, hi)
+            full[moving] = np.clip(result.x, lo, hi)
             best, best_cost = initial.with_vector(full), result.cost
     return best
 
@@ -168,8 +168,7 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
         if sibling is not None and (other := _start(key, sibling)) not in (start, fresh):
             restarts.append(other)
         fitted = least_squares_fit(start, lambda p, k=key, r=rows: price_group(cal, hw, k, r, p).seconds,
-                                   measured, restarts=tuple(restarts),
-                                   **({"free": params} if params is not None else {}))
+                                   measured, restarts=tuple(restarts), free=params)
         _store(sections, key, fitted)
         say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
     return replace(cal, gemm=sections["gemm"], prefill_attention=sections["prefill_attention"],

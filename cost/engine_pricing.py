@@ -47,6 +47,7 @@ def weight_only_kernel(t: Times, fmt: RunFormat, hw: HardwareProfile, flops) -> 
 def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
     w = k.op.attention
     kv_format = "fp8" if kv_bytes <= 1 else "bf16"
+    element = 1.0 if kv_format == "fp8" else 2.0    # the bytes of a cached K or V element the kernels read
     window = w.window or 0
     engine = ENGINES[cal.engine]
     if w.query_length == 1 and (w.context_length > 0 or engine.one_token_query_decodes):
@@ -56,7 +57,7 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
         # a one-token prompt (engine.one_token_query_decodes) reads its own key
         t = decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, w.batch, max(w.context_length, 1),
                                   w.heads, w.kv_heads, w.qk_head_dim, w.v_head_dim, window=window,
-                                  kv_bytes=1.0 if kv_format == "fp8" else 2.0, kv_shares_storage=w.kv_shares_storage)
+                                  kv_bytes=element, kv_shares_storage=w.kv_shares_storage)
     elif w.expanded_head_dims and engine.mla_prefill and engine.mla_prefill.expanded(w.query_length,
                                                                                       w.batch * w.context_length):
         t = expanded_mla_prefill(w, hw, cal)
@@ -65,11 +66,11 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
         t = prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
                                    hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.kv_heads,
                                    w.qk_head_dim, w.v_head_dim, window=window,
-                                   kv_bytes=1.0 if kv_format == "fp8" else 2.0, kv_shares_storage=w.kv_shares_storage)
+                                   kv_bytes=element, kv_shares_storage=w.kv_shares_storage)
         if w.has_sinks and cal.sink_attention.get("kernel") == "triton_unified":
             t = unified_prefill_time(t, cal.elementwise, hw.bandwidth, hw.l2_bytes, w.batch, w.query_length,
                                      w.context_length, w.heads, w.kv_heads, w.qk_head_dim, w.v_head_dim, window,
-                                     kv_bytes=1.0 if kv_format == "fp8" else 2.0,
+                                     kv_bytes=element,
                                      l2_share=cal.sink_attention.get("l2_share", 1.0))
     return _kernel_time(t)
 

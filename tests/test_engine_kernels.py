@@ -207,9 +207,9 @@ def test_a_sibling_devices_fit_is_one_more_start(monkeypatch):
     seen = []
     real_fit = ce.least_squares_fit
 
-    def recording_fit(start, predict, measured, restarts=()):
+    def recording_fit(start, predict, measured, restarts=(), free=None):
         seen.append((start, restarts))
-        return real_fit(start, predict, measured, restarts)
+        return real_fit(start, predict, measured, restarts, free)
     monkeypatch.setattr(ce, "least_squares_fit", recording_fit)
     fitted = ce.calibrate(tables, hw, "sglang", "test", fraction=1.0, base=cal, only={"decode_attention"},
                           sibling=sibling)
@@ -807,7 +807,7 @@ def test_vllm_one_token_context_rows_join_its_decode_fit_and_only_that(monkeypat
     tables = {name: KernelTable(name, "synthetic", rows, price_rows(cal, hw, rows))
               for name, rows in (("decode_attention", decode), ("prefill_attention", context))}
     fits = []
-    monkeypatch.setattr(ce, "least_squares_fit", lambda start, predict, measured, restarts=(): fits.append(
+    monkeypatch.setattr(ce, "least_squares_fit", lambda start, predict, measured, restarts=(), free=None: fits.append(
         (start, len(measured))) or start)
     ce.calibrate(tables, hw, "vllm", "test", fraction=1.0, base=cal, only={"decode_attention"})
     assert fits == [(cal.decode_attention["bf16"], len(decode) + 8)]    # the eight one-token context rows joined
