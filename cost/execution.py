@@ -20,6 +20,16 @@ EXECUTIONS = (ENGINE, EAGER)
 # all-reduces the partial outputs; dispatch-style EP (DeepEP) sends each rank only its pairs by all-to-all
 EP_ALL_TOKENS, EP_DISPATCH = "all-tokens", "dispatch"
 EP_STYLES = (EP_ALL_TOKENS, EP_DISPATCH)
+# GEMMs every rank runs whole: MLA's low-rank down projections (vLLM's fused_qkv_a_proj with disable_tp, SGLang's
+# and TensorRT-LLM's replicated kv_a_proj_with_mqa), narrow enough that splitting them would cost more in
+# communication than it saves; and the MoE router, whose full scores every rank needs to pick its experts
+REPLICATED_MODULES = frozenset({"q_a_proj", "kv_a_proj_with_mqa"})
+
+
+def replicated(op: Op) -> bool:
+    """Whether every tensor-parallel rank runs this GEMM whole."""
+    return op.gemm is not None and (op.weight_role == "router"
+                                    or op.module.rsplit(".", 1)[-1] in REPLICATED_MODULES)
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ def _shard_op(op: Op, tp: int, ep: int, act_bytes: int, kv_bytes: float) -> Op:
         held = expert_slots(w.num_experts, ep) / w.num_experts if ep > 1 else 1.0   # redundant slots' weights
         return replace(op, experts=experts, flops=op.flops / ways, bytes_read=op.bytes_read / ways,
                        bytes_written=op.bytes_written / ways, weight_bytes=op.weight_bytes * held / ways)
-    if tp == 1 or not op.tp_sharded:
+    if tp == 1 or not op.tp_sharded or replicated(op):
         return op
     if op.attention is not None:
         w = op.attention
@@ -208,4 +218,4 @@ def build_kernels(trace: Trace, execution: str, tp: int = 1, ep: int = 1, act_by
 
 
 __all__ = ["ATTENTION", "EAGER", "ENGINE", "EP_ALL_TOKENS", "EP_DISPATCH", "EP_STYLES", "EXECUTIONS", "GEMM", "Kernel",
-           "MoeCall", "OTHER", "build_kernels", "expert_slots"]
+           "MoeCall", "OTHER", "REPLICATED_MODULES", "build_kernels", "expert_slots", "replicated"]

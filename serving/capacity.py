@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from cost.engines import ServingDefaults
-from cost.execution import expert_slots
+from cost.execution import expert_slots, replicated
 from cost.profile import HardwareProfile
 from tracer.work import Trace
 
@@ -127,12 +127,20 @@ def expert_weight_bytes(trace: Trace) -> float:
                for op in trace.ops if op.experts is not None)
 
 
+def replicated_weight_bytes(trace: Trace) -> float:
+    """Bytes of the weights every tensor-parallel rank holds whole (the router, MLA's low-rank down projections:
+    cost/execution.py replicated)."""
+    return sum(op.weight_bytes * op.count for op in trace.ops if op.tp_sharded and replicated(op))
+
+
 def weight_bytes_per_gpu(trace: Trace, tp: int = 1, ep: int = 1, pp: int = 1, expert_resident: float = 1.0) -> float:
-    """Dense weights shard over TP, routed experts over EP (or TP without EP); PP splits the layers.
-    `expert_resident`: what the experts occupy in the engine's layout over their stored bytes (cost/op_formats.py)."""
-    stored = expert_weight_bytes(trace)
+    """Dense weights shard over TP but for the replicated few, routed experts over EP (or TP without EP); PP splits
+    the layers. `expert_resident`: what the experts occupy in the engine's layout over their stored bytes
+    (cost/op_formats.py)."""
+    stored, whole = expert_weight_bytes(trace), replicated_weight_bytes(trace)
     held = _slot_share(trace, ep)
-    return ((trace.weight_bytes - stored) / tp + stored * expert_resident * held / (ep if ep > 1 else tp)) / max(1, pp)
+    dense = (trace.weight_bytes - stored - whole) / tp + whole
+    return (dense + stored * expert_resident * held / (ep if ep > 1 else tp)) / max(1, pp)
 
 
 def _slot_share(trace: Trace, ep: int) -> float:
