@@ -605,9 +605,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     steady = result(top, True, limited, deterministic=True)
     if not load.requests:
         return steady
-    # a mix's run ends with its longest outputs: walk it whenever the walk is affordable
-    # an engine that holds one request at a time has no steady state (no room for n + 1 running): walk it
-    if load.requests > (50000 if lengths is not None or top < 1e-9 else 6 * admit):
+    # a run ends with its longest outputs and starts with every prompt queued: walk it whenever the walk is
+    # affordable; an engine that holds one request at a time has no steady state (no room for n + 1 running)
+    if load.requests > 50000:
         if top < 1e-9:
             raise ValueError(f"the engine runs at most {admit} request(s) at once and sustains no steady rate; "
                              f"{load.requests} queued requests are too many to walk")

@@ -88,6 +88,21 @@ def test_burst_of_a_mix_ends_with_its_longest_outputs():
     assert b.output_tokens_per_s < 0.8 * a.output_tokens_per_s
 
 
+def test_a_fixed_length_burst_is_walked_wave_by_wave():
+    """A burst of fixed lengths is walked at any size a length set is. Beyond six full batches it had taken the
+    steady state over the waves, smooth in the burst's size: a run on either side of that line moved by up to 10%,
+    and the last, partial wave was never seen. Walked, one request past seven full batches decodes alone."""
+    limits = Limits(max_num_seqs=64, max_batched_tokens=4096, kv_tokens=10**7)
+    makespan = {}
+    for n in (64, 448, 449):
+        state = solve(fake_step, 500, 100, 0, Load(MAX, requests=n), limits)
+        assert "over the waves" not in state.note
+        makespan[n] = n * 100 / state.output_tokens_per_s
+    assert makespan[448] == pytest.approx(7 * makespan[64], rel=0.1)
+    alone = 100 * fake_step(1, 0, 0, 0, 0)          # 100 tokens at a batch of one
+    assert 0.7 * alone < makespan[449] - makespan[448] < 1.1 * alone
+
+
 def test_a_burst_takes_the_expected_sample_of_its_lengths():
     """A burst of n is priced on n requests at the output quantiles where the order statistics of n random draws
     have their medians: its mean output is the set's (one random draw of 1,000 ShareGPT requests runs 2% long), and
