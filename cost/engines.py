@@ -141,14 +141,15 @@ ENGINES: dict[str, Engine] = {
                                             "runs MHA, a prefix of 1-8191 the absorbed MLA kernel",
                                             absorbed_prefix=(1, 8191))),
     # TensorRT-LLM's FP8 checkpoints (ModelOpt) carry static activation scales: RMSNorm, SwiGLU and the attention
-    # kernels write FP8 directly
+    # kernels write FP8 directly; NVFP4's block scales are computed by the same kernels (its fused add + RMSNorm +
+    # NVFP4 quantization, and the all-reduce fusion RESIDUAL_RMS_NORM_QUANT_NVFP4), so no GEMM quantizes its input
     # Its XQA decode kernel serves MQA and GQA (docs/source/blogs/XQA-kernel.md: "XQA kernel provides optimization
     # for MQA and GQA during generation phase") and packs at most 32 query heads per KV head; one head per KV head
     # (MHA) or more than 32 run the masked multi-head attention kernel. Every TensorRT-LLM table (A100 to GB300)
     # shows the two: at one key, a CTA wave takes 1.3-1.5 us for groups of 1 and past 32, 4-7 us for bf16 GQA
     # (H100), and one kernel model per KV format cannot fit both
     "trtllm": Engine("trtllm", "TensorRT-LLM", custom_allreduce_max_bytes=8 * 2**20,
-                     fused_activation_quant=("fp8",), vendors=("NVIDIA",), gqa_decode_groups=(2, 32),
+                     fused_activation_quant=("fp8", "nvfp4"), vendors=("NVIDIA",), gqa_decode_groups=(2, 32),
                      mla_prefill=MlaPrefill("AIConfigurator 0.12's TensorRT-LLM 1.3.0rc20 context-MLA table on H200: "
                                             "128 heads over 32,768 tokens in 77.0 ms, 571 TFLOP/s in the expanded "
                                             "form and 1,942 (twice the bf16 peak) in the absorbed one")),

@@ -53,6 +53,19 @@ def test_trtllm_fuses_fp8_activation_quantization():
     assert estimate(t, hw, "engine", Parallelism(1), engine="trtllm").latency_s < bf16
 
 
+def test_trtllm_fuses_nvfp4_activation_quantization_on_blackwell():
+    """TensorRT-LLM's norms and SwiGLU write NVFP4 (with its block scales) for the GEMM after them, as they write FP8;
+    vLLM quantizes in a kernel of its own."""
+    hw = load_profile("b200")
+    t = trace("llama-3.1-8b", Request(256, 1, 2048, decode=True), TraceOptions(dtype="fp4"))
+    gemm = next(k for k in build_kernels(t, ENGINE, 1, 1) if k.op_class == "gemm" and k.gemm is not None)
+    trtllm = hw.engine("trtllm")
+    fmt = RunFormat("nvfp4", 1.0, "nvfp4")
+    fused = price_engine_kernel(gemm, hw, trtllm, fmt, 1.0).seconds
+    unfused = price_engine_kernel(gemm, hw, replace(trtllm, engine="vllm"), fmt, 1.0).seconds
+    assert trtllm.gemm["nvfp4"].quant_passes > 0 and fused < unfused
+
+
 def test_fresh_prefill_operands_stream_from_l2_while_they_fit():
     p = PrefillAttentionParams(l2_speedup=4.0, l2_fraction=1.0, compute=1.0, write_token_ns=0.0)
     args = (142, 362e12, 91.6e12, 864e9, 96e6)
