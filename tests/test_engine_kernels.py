@@ -34,7 +34,7 @@ def _sample(system, engine="vllm"):
 
 @pytest.mark.parametrize("system, engine", [(s, "vllm") for s in sorted(CALIBRATED)]
                          + [(s, "sglang") for s in ("a100_sxm", "h100_sxm", "h200_sxm", "l40s")]
-                         + [(s, "trtllm") for s in ("a100_sxm", "b200_sxm", "h100_sxm", "h200_sxm")])
+                         + [(s, "trtllm") for s in ("a100_sxm", "h100_sxm", "h200_sxm")])
 def test_bundled_calibration_predicts_held_out_table_rows(system, engine):
     hw = load_profile(CALIBRATED[system])
     cal = hw.engine(engine)

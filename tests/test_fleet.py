@@ -8,7 +8,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from cost.engines import ENGINES, engine_refusal, engines_on
-from cost.profile import ProfileError, load_profile, parse_profile, profiles_dir
+from cost.profile import ProfileError, load_profile
 
 
 def _run(main, argv) -> tuple[int, str, str]:
@@ -169,11 +169,7 @@ def test_origin_names_the_fitted_sibling():
     from cost.provenance import kernel_origin
     fitted = kernel_origin(load_profile("h100"), "vllm")
     assert not fitted.carried_over and fitted.headline() is None
-    assert not kernel_origin(load_profile("b200"), "trtllm").carried_over     # fitted on its own tables
-    # a device with no TensorRT-LLM fit of its own takes its vLLM fit
-    raw = json.loads((profiles_dir() / "b200.json").read_text())
-    del raw["engines"]["trtllm"]
-    b200 = kernel_origin(parse_profile(raw, "b200", "b200.json"), "trtllm")
+    b200 = kernel_origin(load_profile("b200"), "trtllm")     # this device's vLLM fit
     assert b200.carried_over and b200.fitted_on == "NVIDIA B200 (HGX)" and b200.kernels_engine == "vllm"
     assert b200.headline() == ("carried over: TensorRT-LLM kernel models on NVIDIA B200 (HGX) are vLLM's fit "
                                "(no TensorRT-LLM fit on this device)")
@@ -244,7 +240,7 @@ def test_hw_profiles_shows_the_fit_per_engine():
     line = next(l for l in out.splitlines() if l.startswith("b300 "))
     assert "vllm fitted" in line and "sglang fitted" in line and "trtllm fitted" in line
     line = next(l for l in out.splitlines() if l.startswith("b200 "))
-    assert "vllm fitted" in line and "sglang fitted" in line and "trtllm fitted" in line
+    assert "vllm fitted" in line and "sglang fitted" in line and "trtllm from this device (vllm)" in line
     line = next(l for l in out.splitlines() if l.startswith("gh200 "))
     assert "vllm from h200, sglang from h200, trtllm from h200" in line
     line = next(l for l in out.splitlines() if l.startswith("h100 "))
@@ -304,7 +300,7 @@ def test_disaggregated_kv_moves_on_nvlink_inside_the_domain(device, link):
                                             ("b300_sxm", "sglang"), ("b300_sxm", "trtllm"),
                                             ("rtx_pro_6000_server", "vllm"), ("rtx_pro_6000_server", "sglang"),
                                             ("rtx_pro_6000_server", "trtllm"), ("b200_sxm", "sglang"),
-                                            ("l40s", "trtllm"), ("gb300", "trtllm"), ("b200_sxm", "trtllm")])
+                                            ("l40s", "trtllm"), ("gb300", "trtllm")])
 def test_nvl72_fits_predict_held_out_table_rows(system, engine):
     """Fitted on a seeded half of AIConfigurator 0.12's tables; these rows are from the other half."""
     import numpy as np
