@@ -9,8 +9,8 @@ from tracer import Request, trace
 DECODE = Request(num_queries=4, query_length=1, context_length=64)
 
 
-def _gemms(model: str, tp: int, execution: str = ENGINE) -> dict[str, object]:
-    kernels = build_kernels(trace(model, DECODE), execution, tp=tp)
+def _gemms(model: str, tp: int) -> dict[str, object]:
+    kernels = build_kernels(trace(model, DECODE), ENGINE, tp=tp)
     return {k.module.rsplit(".", 1)[-1]: k for k in kernels if k.gemm is not None and k.op.layer in (0, 3, None)}
 
 
