@@ -4,7 +4,7 @@
         [--no-chunked-prefill]
 
 Each `rocm_vllm_devdocker_latency` row (benchmark_latency.py: one batch of `batch_size` requests, fixed input
-and output lengths, the whole batch's time) is mapped to a tracecost setup by serving/published.py (model,
+and output lengths, the whole batch's time) is mapped to a tracecost setup by serving/published_rows.py (model,
 MI300X profile, vLLM release, FP8 weights and KV, TP 8, the engine's limits) and walked step by step by
 serving/batch_latency.py, the same walk `text_generate --output-length` prints. vLLM 0.6 rows are walked as
 V0 runs on ROCm (whole prompts, no chunked prefill: `text_generate --no-chunked-prefill --max-prefill-tokens

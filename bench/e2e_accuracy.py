@@ -3,7 +3,7 @@
     python bench/e2e_accuracy.py [--data ../shared/measurements/e2e/published.jsonl] [--json] [--rows]
         [--sample K] [--device D] [--precision P] [--overheads fitted|defaults]
 
-Each row is mapped to a tracecost setup (serving/published.py: same model, GPU, engine, precision, KV dtype,
+Each row is mapped to a tracecost setup (serving/published_rows.py: same model, GPU, engine, precision, KV dtype,
 layout, lengths and load) and predicted with the steady-state serving model: open-loop rows at their
 request rate over their number of requests, max-throughput rows as every request queued at once. The
 report gives, per source, GPU and model, the median, p90 and max absolute error and the signed median of

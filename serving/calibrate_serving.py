@@ -40,7 +40,7 @@ from tracer.work import TraceOptions
 from .lengths import bundled_for_run
 from .capacity import on_demand_kv, output_kv_share
 from .measurements import BATCH, CONCURRENCY, MAX, MeasurementError, RunFacts, ServingMeasurement, load_files
-from .published import MODELS
+from .published_rows import MODELS
 from .steady_state import Limits, Load, solve
 from .step_cost import StepCost
 

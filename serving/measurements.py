@@ -247,7 +247,7 @@ def parse_mlperf_summary(text: str, where: str, facts: RunFacts) -> list[Serving
 
 
 def _replicas(r: dict) -> int:
-    """Data-parallel copies of the engine a row ran: its stated DP, as serving/published.py reads it (attention-DP
+    """Data-parallel copies of the engine a row ran: its stated DP, as serving/published_rows.py reads it (attention-DP
     ranks are one engine, not copies)."""
     return 1 if r.get("attention_dp") else max(1, int(r.get("dp") or 1))
 
@@ -271,7 +271,7 @@ def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement
             measured[name] = float(v)
     if r.get("output_tok_s") is not None and load != BATCH:   # a batch's tokens/s is derived from its latency
         measured["output_tok_s"] = float(r["output_tok_s"]) / replicas
-    from .published import DEVICES, map_row       # (published.py reads this module: imported when used)
+    from .published_rows import DEVICES, map_row  # (published_rows.py reads this module: imported when used)
     engine = next((name for key, name in ENGINES.items() if key in (r.get("engine") or "").lower()), None)
     device = system_device(DEVICES.get(r.get("gpu"), r.get("gpu")), r.get("source"))
     stated = {"id": r.get("id"), "model": r.get("model"), "device": device,
@@ -279,7 +279,7 @@ def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement
               "dtype": r.get("precision"), "kv_dtype": r.get("kv_cache_dtype") or system_kv_dtype(r.get("source")),
               "isl": r.get("isl"), "osl": r.get("osl"), "engine_flags": r.get("engine_flags"),
               "launcher": r.get("engine")}
-    # the row as the development-set predictor reads it (serving/published.py map_row): its bundled model, the
+    # the row as the development-set predictor reads it (serving/published_rows.py map_row): its bundled model, the
     # profile and topology of its GPUs, and the weight and KV formats its checkpoint and flags state
     run, _ = map_row(r)
     lengths = None

@@ -23,7 +23,6 @@ the N = --speculative-num-draft-tokens tokens the target verifies in one forward
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources

@@ -25,75 +25,20 @@ lengths, the KV admission the running mix (long outputs stay longer), TTFT each 
 """
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from .lengths import LengthDistribution, fixed_lengths
 from .load_queue import (LIFE_AVERAGE_VARIANCE, MIN_PEAKEDNESS, NO_WAIT, Wait, batch_law, normal_mix_quantiles,
                          peakedness, ttft_quantiles)
 from .metrics import percentile
-from .preemption import OnDemandKV
+from .operating_point import CONCURRENCY, MAX, QUANTILES, RATE, Limits, Load, SteadyState
 from .server_intake import server_entries, shared_wait
+from .step_moments import settled_step, whole_prompt_moments
 from .step_walk import walk as _walk
 
-RATE, CONCURRENCY, MAX = "rate", "concurrency", "max"
 # a finite closed loop is walked step by step up to this many steps (about 2 s); a longer run keeps its steady state
 FINITE_RUN_STEPS = 200_000
-QUANTILES = (50, 90, 99)     # the percentiles of TTFT and TPOT a steady state reports
-
-
-@dataclass(frozen=True)
-class Load:
-    kind: str                    # rate | concurrency | max
-    value: float = 0.0           # requests/s, or users
-    arrival: str = "poisson"     # open loop: poisson or constant
-    requests: int = 0            # requests the run sends: queued at once (max), by the users (concurrency); 0: endless
-    spread: int = 1              # this engine takes every spread-th request of the stream (round-robin routing)
-    send_rate: float = 0.0       # concurrency: a client pacing its sends at this many requests/s (0: at once)
-
-    def __post_init__(self):
-        if self.kind not in (RATE, CONCURRENCY, MAX):
-            raise ValueError(f"unknown load '{self.kind}'")
-        if self.kind != MAX and not (self.value > 0 and math.isfinite(self.value)):
-            raise ValueError(f"a {self.kind} load needs a finite value > 0")
-        if not (self.send_rate >= 0 and math.isfinite(self.send_rate)):
-            raise ValueError("a client's send rate must be finite and >= 0")
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_num_seqs: int
-    max_batched_tokens: int
-    kv_tokens: int               # KV-cache capacity of one replica, in tokens
-    chunked_prefill: bool = True
-    state_tokens: int = 0        # a request's recurrent state (hybrid / SSM models), in KV-token units
-    attention_kv: bool = True    # False: a request's memory is its state only (no KV cache grows)
-    output_kv_share: float = 1.0   # share of its output's KV a running request holds on average, as the engine
-                                   # admits (serving/capacity.py KV_ADMISSION: vLLM 0.5, TensorRT-LLM 1)
-    on_demand: OnDemandKV | None = None   # the engine allocates blocks as requests generate and preempts the
-                                          # newest when they run out (serving/preemption.py); None: it admits a
-                                          # request only with the blocks it counts for it, and never preempts
-    prefill_apart: bool = False  # prefill steps run alone and the decodes wait (cost/engines.py ServingDefaults)
-
-
-@dataclass
-class SteadyState:
-    stable: bool
-    request_rate: float          # requests/s one replica completes
-    running: float               # requests decoding, on average
-    step_s: float
-    ttft_s: dict = field(default_factory=dict)   # mean, p50, p90, p99
-    tpot_s: float = 0.0
-    e2e_s: dict = field(default_factory=dict)
-    output_tokens_per_s: float = 0.0
-    total_tokens_per_s: float = 0.0
-    limited_by: str = "load"     # load | max_num_seqs | kv_cache | prefill budget
-    note: str = ""
-    tpot_q_s: dict = field(default_factory=dict)   # a request's TPOT: mean, p50, p90, p99
-    queue_s: float = 0.0         # mean wait for a slot in the batch (all slots taken when it arrives)
-    lengths: str = ""            # which lengths the answer used
-    recompute_tokens: float = 0.0   # prefill tokens per request of preempted requests recomputed (full cache)
 
 
 def _joined(*notes: str) -> str:
@@ -185,60 +130,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     def step_moments(n: float, p: float) -> tuple[float, float]:
         key = (n, p)
         if key not in moments:
-            moments[key] = fresh_moments(n, p)
+            moments[key] = whole_prompt_moments(step, n, p, prefill_capacity(n), prompt, lumpy,
+                                                load.spread)
         return moments[key]
-
-    def fresh_moments(n: float, p: float) -> tuple[float, float]:
-        """Mean and mean square of a step when prompts come whole: a step prefills the K prompts that arrived
-        during the one before (K Poisson, or the two integers around its mean for evenly spaced arrivals), at
-        most the budget left by the decodes; what exceeds it fills the following steps, and a prompt longer than
-        the budget fills whole chunk steps. Step time is convex in the tokens (flat while weight reads
-        dominate), so the mean of steps exceeds the step of the mean; the square measures how much longer the
-        step a request arrives in is (the inspection paradox). Prompts count at their mean length."""
-        room = prefill_capacity(n)
-
-        runs = [(0, 0, 0)]   # (steps, sum, sum of squares) of f full steps, summed in order: runs[f]
-
-        def steps_of(tokens: float) -> tuple[int, float, float]:
-            """(steps, their sum, their sum of squares) these prompt tokens take: whole steps of `room` tokens,
-            then the rest (or one empty step)."""
-            full, rest = divmod(tokens, room)
-            f = int(full)
-            while len(runs) <= f:
-                a, (c, total, square) = step(n, room), runs[-1]
-                runs.append((c + 1, total + a, square + a * a))
-            c, total, square = runs[f]
-            if rest > 0 or not f:
-                t = step(n, rest)
-                return c + 1, total + t, square + t * t
-            return c, total, square
-
-        def one(t: float) -> tuple[int, float, float]:
-            return 1, t, t * t
-
-        def mix(weighted):   # (weight, steps_of these prompts)
-            count = sum(w * c for w, (c, _, _) in weighted)
-            return (sum(w * total for w, (_, total, _) in weighted) / count,
-                    sum(w * square for w, (_, _, square) in weighted) / count)
-        if p <= 0:
-            return mix([(1.0, one(step(n, 0)))])
-        if prompt >= room:
-            f = min(1.0, p / room)
-            return mix([(f, one(step(n, room))), (1 - f, one(step(n, 0)))])
-        lam = p / prompt
-        k = math.floor(lam)
-        even = [(1 - (lam - k), steps_of(k * prompt)), (lam - k, steps_of((k + 1) * prompt))]
-        weight = math.exp(-lam) if lam < 700 else 0.0
-        if not lumpy or lam > 16 or weight == 0.0:   # many prompts per step: their count varies little
-            return mix(even)
-        terms, k = [], 0
-        while k <= lam + 6 * math.sqrt(lam) + 6:
-            terms.append((weight, steps_of(k * prompt)))
-            k += 1
-            weight *= lam / k
-        # every spread-th request of a Poisson stream: counts vary 1/spread as much (a mix of the two)
-        share = 1.0 / max(1, load.spread)
-        return mix([(w * share, ts) for w, ts in terms] + [(w * (1 - share), ts) for w, ts in even])
 
     def mean_step(n: float, p: float) -> float:
         return step_moments(n, p)[0]
@@ -255,50 +149,14 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return min(rate * decode_steps * s, 2.0 * admit + 2), min(rate * work * s, 2.0 * budget)
 
     def fixed_point(rate: float) -> tuple[float, float, float]:
-        """(running, prefill tokens per step, step seconds) at `rate`: the s with s = mean step(n(s), p(s)). The
-        mean step grows with s more slowly than s near a stable point, so a secant on s - mean step(s) finds it
-        in a few evaluations; where the secant's slope says there is no stable point near (slope >= 1), or its
-        step leaves the positive reals, a damped fixed-point step is taken instead."""
+        """(running, prefill tokens per step, step seconds) at `rate`: the s with s = mean step(n(s), p(s))
+        (serving/step_moments.py settled_step)."""
         def after(s: float) -> float:
             n, p = shapes(rate, s)
             # the steps a decoding request sees hold it too: at a light load a step of one, not of a fraction
             return mean_step(max(n, 1.0), p)
-        s0 = step(0, min(prompt, budget))
-        f0 = after(s0)
-        if abs(f0 - s0) <= 1e-6 * s0:
-            return (*shapes(rate, s0), s0)
-        start = s0
-        s1 = 0.5 * (s0 + f0)
-        for _ in range(60):
-            f1 = after(s1)
-            if abs(f1 - s1) <= 1e-6 * s1:
-                break
-            slope = (f1 - f0) / (s1 - s0) if s1 != s0 else 1.0
-            s2 = s1 + (f1 - s1) / (1.0 - slope) if slope < 0.95 else 0.5 * (s1 + f1)
-            if not 0.0 < s2 < math.inf:
-                s2 = 0.5 * (s1 + f1)
-            s0, f0, s1 = s1, f1, s2
-        else:
-            if abs(after(s1) - s1) > 1e-6 * s1:
-                s1 = lowest_fixed_point(after, start)
-        return (*shapes(rate, s1), s1)
-
-    def lowest_fixed_point(after, s: float) -> float:
-        """The smallest s with after(s) = s, by bracketing and bisection: where the secant does not settle (near
-        saturation, where the mean step grows almost as fast as s, or past it, where its iterates wander and its
-        last one can sit anywhere below the admission limit). An engine filling up from empty stops at the
-        lowest one; past saturation that is the capped batch (shapes), which feasible() refuses."""
-        lo, hi = s, s
-        while after(lo) <= lo and lo > 1e-12:
-            lo, hi = lo * 0.5, lo
-        for _ in range(200):   # shapes() caps the batch, so the mean step is bounded and this ends
-            if after(hi) <= hi:
-                break
-            lo, hi = hi, hi * 2.0
-        while hi - lo > 1e-7 * hi:
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if after(mid) > mid else (lo, mid)
-        return hi
+        s = settled_step(after, step(0, min(prompt, budget)))
+        return (*shapes(rate, s), s)
 
     def own_prefill_steps(n: float) -> float:
         capacity = prefill_capacity(n)
@@ -643,3 +501,7 @@ def _walked(walk, steady: SteadyState, overhead_s: float, requests: list[tuple[i
     return SteadyState(True, rate, min(steady.running, len(requests)), steady.step_s, q, tpot_mean,
                        {k: v + (o - 1) * tpot_mean for k, v in q.items()}, rate * o,
                        rate * (tokens_in + o), limited, note, tpot, 0.0, steady.lengths)
+
+
+__all__ = ["CONCURRENCY", "FINITE_RUN_STEPS", "MAX", "QUANTILES", "RATE", "Limits", "Load", "SteadyState", "admitted",
+           "solve"]

@@ -153,7 +153,7 @@ def test_a_chat_pays_the_template_where_the_engine_renders_one():
 
 
 def test_a_rows_client_decides_chat_or_completions():
-    from serving.published import _chat_requests
+    from serving.published_rows import _chat_requests
     assert _chat_requests({"engine_flags": "vllm serve Qwen/Qwen3-14B", "notes": "vllm bench serve default rate"})
     assert _chat_requests({"notes": "vllm bench serve --endpoint-type openai-chat --dataset-name sharegpt"})
     assert not _chat_requests({"engine_flags": "vllm serve m; vllm bench serve --max-concurrency 4"})

@@ -112,7 +112,7 @@ def test_rows_tracecost_cannot_price_are_skipped_with_the_reason(change, reason)
 
 
 def test_a_row_naming_only_its_libraries_is_placed_on_their_release_and_a_commit_wins():
-    from serving.published import _release
+    from serving.published_rows import _release
     assert _release("trtllm", "TensorRT 9.3.0, CUDA 12.2") == "0.9"        # MLPerf v4.0's NVIDIA rows
     assert _release("trtllm", "TensorRT 9.30.1") is None                    # no prefix match of another version
     # MLPerf v4.1 partners state TensorRT 9.3.0 beside the same commit NVIDIA states 10.2.0 with: the commit rules

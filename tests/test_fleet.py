@@ -160,7 +160,7 @@ def test_collectives_inside_an_nvl72_stay_on_nvlink():
 
 
 def test_published_gpu_names_map_to_the_new_profiles():
-    from serving.published import DEVICES
+    from serving.published_rows import DEVICES
     for name in ("GH200-144GB", "GH200-96GB", "H100-NVL-94GB", "H100-PCIe-80GB"):
         assert load_profile(DEVICES[name]).key == DEVICES[name]
 

@@ -4,7 +4,7 @@ SpecDecode-Bench's chain/tree crossover on Qwen3-8B."""
 import pytest
 
 from cost.profile import load_profile
-from serving.published import _speculation
+from serving.published_rows import _speculation
 from serving.speculative import DraftForward, draft_spec, parse_speculation, sibling_miss, speculative_step
 from serving.step_cost import StepCost
 from tracer import TraceOptions, resolve_model
