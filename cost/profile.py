@@ -118,6 +118,11 @@ class HardwareProfile:
         return self.memory_usable_gib > 0
 
     @property
+    def peer_to_peer(self) -> bool:
+        """The GPUs can map each other's memory (false for a topology that says so: no custom all-reduce runs)."""
+        return not self.topology or self.topologies[self.topology].peer_to_peer
+
+    @property
     def pcie_only(self) -> bool:
         """GPUs reach each other over PCIe alone (no NVLink, Infinity Fabric or HCCS)."""
         return self.interconnect_name.lower().startswith("pcie")
@@ -197,7 +202,8 @@ class HardwareProfile:
 
 
 def _with_allreduce(cals: dict[str, EngineCalibration], topology, where: str) -> dict[str, EngineCalibration]:
-    """Every engine's all-reduce curves replaced, GPU count by GPU count, by the topology's."""
+    """Every engine's all-reduce curves replaced, GPU count by GPU count, by the topology's (and its custom
+    all-reduce dropped where the topology has no peer-to-peer)."""
     curves = {}
     for impl, by_gpus in topology.allreduce.items():
         for n, curve in by_gpus.items():
@@ -207,8 +213,10 @@ def _with_allreduce(cals: dict[str, EngineCalibration], topology, where: str) ->
                 curves.setdefault(impl, {})[int(n)] = CollectiveCurve.from_json(curve, f"{where}.allreduce.{impl}.{n}")
             except ValueError as e:
                 raise ProfileError(str(e)) from None
+    # without peer-to-peer no custom all-reduce runs (it maps the other GPUs' buffers): NCCL takes every message
     return {name: replace(cal, allreduce={impl: {**cal.allreduce.get(impl, {}), **curves.get(impl, {})}
-                                          for impl in {*cal.allreduce, *curves}})
+                                          for impl in {*cal.allreduce, *curves}
+                                          if topology.peer_to_peer or impl != "custom"})
             for name, cal in cals.items()}
 
 

@@ -14,8 +14,8 @@ import re
 from dataclasses import fields as dataclass_fields
 from typing import Annotated, Any
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError,
+                      field_validator, model_validator)
 
 from .engines import ENGINES
 from .power import PowerLimit
@@ -154,6 +154,16 @@ class Topology(_Section):
     description: StrictStr = Field(min_length=1)
     interconnect: Link
     allreduce: dict[StrictStr, dict[StrictStr, Any]] = Field(min_length=1)  # impl -> GPUs -> curve (checked later)
+    # False: the GPUs cannot read each other's memory (a virtual machine that does not pass peer-to-peer through, a
+    # platform whose P2P test fails). An engine's custom all-reduce needs it (vLLM custom_all_reduce.py: "Custom
+    # allreduce is disabled because your platform lacks GPU P2P capability"), so NCCL serves every message
+    peer_to_peer: StrictBool = True
+
+    @model_validator(mode="after")
+    def _no_custom_all_reduce_without_peer_to_peer(self):
+        if not self.peer_to_peer and "custom" in self.allreduce:
+            raise ValueError("a topology without peer_to_peer runs no custom all-reduce: give NCCL's curves only")
+        return self
 
 
 class ProfileFile(_Section):

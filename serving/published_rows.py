@@ -307,6 +307,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     """One development-set row as a run tracecost predicts, or (None, why not)."""
     model, engine = MODELS.get(r["model"]), _engine(r.get("engine") or "")
     device = system_device(DEVICES.get(r["gpu"]), r.get("source"))
+    if device and r.get("topology") and ":" not in device:    # how the run's GPUs were joined, where its logs say
+        device = f"{device}:{r['topology']}"
     why = _skip_reason(r, model, device, engine)
     if why:
         return None, why

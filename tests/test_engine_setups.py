@@ -5,13 +5,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cost.engine_kernels import DecodeAttentionParams, PrefillAttentionParams
+from cost.engine_kernels import DecodeAttentionParams, PrefillAttentionParams, allreduce_time
 from cost.engine_kernels.attention import decode_attention_time, prefill_attention_time
 from cost.engine_pricing import price_engine_kernel
 from cost.op_formats import RunFormat
 from cost.estimate import Parallelism, engine_allreduce_seconds, estimate
 from cost.execution import ENGINE, build_kernels
 from cost.profile import ProfileError, load_profile
+from cost.profile_schema import Link, Topology
 from serving.published import trtllm_bench_limits
 from tracer import Request, TraceOptions, trace
 
@@ -33,6 +34,27 @@ def test_a_named_topology_replaces_the_measured_all_reduce():
         load_profile("h100:pcie-switch")
     with pytest.raises(ProfileError, match="already names its topology"):
         load_profile("l40s:pcie-switch:pcie-switch")
+
+
+def test_gpus_without_peer_to_peer_all_reduce_through_nccl():
+    """A pair that cannot map each other's memory (vLLM: "Custom allreduce is disabled because your platform lacks
+    GPU P2P capability") runs no custom all-reduce: every message takes NCCL's curve."""
+    bridged, p2p, none = (load_profile(d) for d in ("h100pcie", "h100pcie:pcie", "h100pcie:no-p2p"))
+    assert "custom" in p2p.engine("vllm").allreduce and "custom" not in none.engine("vllm").allreduce
+    assert none.pcie_only and not bridged.pcie_only
+    nccl = p2p.engine("vllm").allreduce["nccl"][2]
+    for message in (2**14, 2**20, 4 * 2**20):     # a decode's, a 64-token verification's, a prefill chunk's
+        assert engine_allreduce_seconds(message, 2, none, "vllm") == allreduce_time(nccl, message, 2).seconds
+        assert engine_allreduce_seconds(message, 2, none, "vllm") > engine_allreduce_seconds(message, 2, p2p, "vllm")
+        assert engine_allreduce_seconds(message, 2, p2p, "vllm") > engine_allreduce_seconds(message, 2, bridged,
+                                                                                            "vllm")
+    notes: list[str] = []
+    engine_allreduce_seconds(2**14, 2, none, "vllm", notes)
+    engine_allreduce_seconds(2**20, 2, none, "vllm", notes)
+    assert len(notes) == 1 and "no custom all-reduce without peer-to-peer" in notes[0]   # said once, not per call
+    with pytest.raises(ValueError, match="without peer_to_peer runs no custom all-reduce"):
+        Topology(description="x", interconnect=Link(bandwidth_gbps=64.0, latency_us=10.0), peer_to_peer=False,
+                 allreduce={"custom": {"2": {}}, "nccl": {"2": {}}})
 
 
 def test_only_pcie_interconnects_limit_the_custom_all_reduce():

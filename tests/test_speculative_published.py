@@ -39,6 +39,8 @@ def test_pr24322_sweep_is_every_cell_with_its_stated_acceptance():
         assert spec.k == k and spec.method == ("draft" if method == "draft-1b" else "eagle3")
         assert spec.tokens_per_step == pytest.approx(r["spec_decode"]["acceptance"], rel=1e-3)
         assert runs[r["id"]].load.value == users
+        # their serve logs: "Custom allreduce is disabled because your platform lacks GPU P2P capability"
+        assert runs[r["id"]].device == "h100pcie:no-p2p" and "P2P" in r["notes"]
         # a step gains a request `acceptance` tokens: the inter-chunk latency is about TPOT x acceptance
         itl = r["itl_ms"]["mean"] if isinstance(r["itl_ms"], dict) else None
         if itl:
