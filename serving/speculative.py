@@ -277,6 +277,14 @@ def _eagle3_draft(target: ModelSpec) -> ModelSpec:
     return ModelSpec(f"{target.name} EAGLE-3 head", config, "an EAGLE-3 head: one Llama layer of the target's width")
 
 
+def eagle3_fusion_params(head: dict) -> int:
+    """Weights an EAGLE-3 head holds beyond the one Llama layer of width h it is traced as (_eagle3_draft): the fusion
+    of the target's three hidden states (fc, 3h -> h) and the second h of its attention's input, the token's
+    embedding beside the hidden state (q, k and v project 2h, not h). `head`: the traced head's config."""
+    h, head_dim = int(head["hidden_size"]), int(head["head_dim"])
+    return 3 * h * h + h * head_dim * (int(head["num_attention_heads"]) + 2 * int(head["num_key_value_heads"]))
+
+
 def draft_spec(target: ModelSpec, speculation: Speculation, trust_remote_code: bool = False) -> ModelSpec | None:
     """The model the draft runs (None: n-gram lookup runs no model)."""
     if speculation.method == "mtp":
@@ -291,8 +299,8 @@ def draft_spec(target: ModelSpec, speculation: Speculation, trust_remote_code: b
 DRAFT_NOTES = {
     "mtp": "the MTP layer's input projection (2h -> h) and norms are not priced; its embedding and head are "
            "the target's, counted once in memory",
-    "eagle3": "EAGLE-3's feature fusion (3h -> h) and its layer's 2h-wide attention input are priced as one Llama "
-              "layer of width h",
+    "eagle3": "EAGLE-3's feature fusion (3h -> h) and its layer's 2h-wide attention input count in memory; their "
+              "time is priced as one Llama layer of width h",
     "draft": "the draft model runs with the target's tensor parallelism",
     "ngram": "n-gram lookup runs on the host; its time is not priced",
 }
@@ -420,6 +428,8 @@ class SpeculativeStep:
                     c = d.spec.config
                     tied = 1 if c.get("tie_word_embeddings") else 2
                     weights = max(0.0, weights - tied * d.vocab * d.hidden * 2 / par.tp)
+                if self.speculation.method == "eagle3":   # the heads ship in bf16, split over TP as the layer is
+                    weights += eagle3_fusion_params(d.spec.config) * 2 / par.tp
                 self._draft_memory = (weights, kv_bytes_per_token(probe, par.tp))
         return self._draft_memory
 
@@ -503,5 +513,5 @@ def speculative_step(target: StepCost, speculation: Speculation | None,
 
 
 __all__ = ["METHODS", "DraftForward", "SerialHost", "SpeculativeStep", "Speculation", "StepTimes", "draft_spec",
-           "mtp_layers", "parse_speculation", "serial_host", "sibling_miss", "speculative_step", "speedup_at_batch",
-           "step_times", "tree_acceptance"]
+           "eagle3_fusion_params", "mtp_layers", "parse_speculation", "serial_host", "sibling_miss",
+           "speculative_step", "speedup_at_batch", "step_times", "tree_acceptance"]

@@ -82,8 +82,9 @@ def test_vllm_kv_cache_as_the_engine_logged_it():
     """The budget is taken of the total the driver reports (79.19 GiB on an H100 80GB), less the weights, the
     profile forward and the communicators of a TP group: within 2% of the logged KV without a draft. With one
     the draft's weights and KV count too, and the rejection sampler's warm-up (3 fp32 logits blocks of 256 rows):
-    the draft model's KV within 5%; the EAGLE-3 checkpoint holds 0.32 GiB more weights than the one-layer head
-    priced, so its KV comes out high."""
+    the draft model's KV within 5%; the EAGLE-3 head's with its fusion weights counted (fc 3h -> h and the 2h-wide
+    attention input beside the one Llama layer it is traced as: 285M parameters for a width of 8192) within 6%,
+    where without them it came out 18% high."""
     from cost.estimate import Parallelism
     from cost.profile import load_profile
     from serving.speculative import parse_speculation, speculative_step
@@ -99,7 +100,7 @@ def test_vllm_kv_cache_as_the_engine_logged_it():
         step = speculative_step(cost, parse_speculation(method, k, acceptance_length=length))
         tokens = step.replica_memory(8192, max_num_seqs=256).kv_tokens
         assert LOGGED_KV_TOKENS[method] < tokens < plain
-        assert tokens == pytest.approx(LOGGED_KV_TOKENS[method], rel=0.05 if method.startswith("draft") else 0.25)
+        assert tokens == pytest.approx(LOGGED_KV_TOKENS[method], rel=0.05 if method.startswith("draft") else 0.06)
 
 
 def test_a_burst_throughput_its_own_latencies_rule_out_is_set_aside_not_scored():

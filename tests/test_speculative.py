@@ -7,6 +7,7 @@ import pytest
 from cli.inference.throughput_optimizer import main as opt_main
 from cost.estimate import Parallelism
 from cost.profile import load_profile
+from serving.capacity import weight_bytes_per_gpu
 from serving.speculative import draft_spec, parse_speculation, speculative_step
 from serving.steady_state import RATE, Limits, Load, solve
 from serving.step_cost import StepCost
@@ -46,6 +47,19 @@ def test_eagle3_draft_is_one_llama_layer_with_its_own_head():
     n = 64
     run = trace(draft, Request(n, 1, 0))
     assert gemm_flops(run) == pytest.approx(2 * n * (layer + h * 32000), rel=1e-3)
+
+
+def test_eagle3_head_memory_counts_its_fusion_weights():
+    """Hand formula: beyond the traced layer, fc (3h -> h) and the second h of q, k and v's input, in bf16 and split
+    over TP: Llama-3.1-70B's head holds 3 x 8192^2 + 8192 x (8192 + 2 x 1024) = 285.2M more parameters."""
+    from serving.speculative import eagle3_fusion_params
+    target = resolve_model("llama-3.1-70b")
+    head = draft_spec(target, parse_speculation("eagle3", 3)).config
+    assert eagle3_fusion_params(head) == 3 * 8192 ** 2 + 8192 * (8192 + 2 * 1024) == 285_212_672
+    cost = StepCost(target, load_profile("h100"), TraceOptions(), "engine", Parallelism(2), "vllm")
+    eagle = speculative_step(cost, parse_speculation("eagle3", 3)).draft_memory()[0]
+    traced = trace(draft_spec(target, parse_speculation("eagle3", 3)), Request(1, 1, 0))
+    assert eagle == pytest.approx(weight_bytes_per_gpu(traced, 2, 1, 1) + 285_212_672 * 2 / 2)
 
 
 def test_eagle3_draft_of_a_target_with_attention_wider_than_its_hidden_size():
