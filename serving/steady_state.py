@@ -233,12 +233,13 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         return {"mean": mean, **(normal_mix_quantiles(parts, qs) if qs else {})}
 
     def ttft(n: float, s: float, square: float, poisson: bool, rate: float, admission, qs: tuple[int, ...],
-             intake: Wait = NO_WAIT) -> dict:
+             intake: Wait = NO_WAIT, idle: bool = False) -> dict:
         """A request waits for the rest of the step under way, for a slot when every slot is taken, for the
         prompts queued ahead (M/G/1 under Poisson arrivals), then for its own prefill step(s), which also carry
         the prompts that arrived with it during the step under way (Poisson). A Poisson arrival more likely
         lands in a long step (one with a prefill) than a short one: the step under way is the length-biased
-        mean step, E[S^2] / E[S]; evenly spread arrivals see the plain mean step."""
+        mean step, E[S^2] / E[S]; evenly spread arrivals see the plain mean step. `idle`: the request finds the
+        engine idle, no step under way (a closed loop of one user)."""
         capacity = prefill_capacity(n)
         variation = arrival_variation if poisson else 0.0
         service = prefill_service(n)          # the prefill capacity as a server in time
@@ -251,6 +252,8 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         queue_busy = busy * busy if poisson else 0.0
         waits = [admission, Wait.exponential(queue_busy, queue_busy / wait if wait > 0 else 0.0), intake]
         biased = s + variation * (square / s - s) if s > 0 else s   # the step a request arrives in
+        if idle:
+            biased = 0.0
         along = rate * biased                         # prompts arriving during it
         if variation > 0 and along <= 40:
             others, k, weight = [], 0, math.exp(-along)
@@ -313,7 +316,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         s = sum(w * m for w, _, m, _ in cells)
         square = sum(w * sq for w, _, _, sq in cells)
         poisson = load.arrival == "poisson" and load.kind == RATE
-        t = ttft(running, s, square, poisson, rate, admission, qs, intake_wait(rate, poisson))
+        # a closed loop of one user sends its next request when the last one ends: the engine has no step under way
+        idle = load.kind == CONCURRENCY and load.value <= 1
+        t = ttft(running, s, square, poisson, rate, admission, qs, intake_wait(rate, poisson), idle)
         t = {k: v + ttft_extra + frontend_s for k, v in t.items()}
         tpot = tpot_quantiles(cells, qs)
         e2e = {k: v + decode_steps * s for k, v in t.items()}

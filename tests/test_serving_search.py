@@ -41,6 +41,17 @@ def test_steady_state_is_littles_law_at_its_fixed_point():
     assert poisson.ttft_s["mean"] > s.ttft_s["mean"] and poisson.ttft_s["p99"] > poisson.ttft_s["p50"]
 
 
+def test_a_lone_user_finds_the_engine_idle():
+    """A closed loop of one user sends its next request when the last one ends: no step is under way, so its TTFT is
+    its own prefill step (and the request overhead), not half a step more. Two users keep the engine stepping."""
+    limits = Limits(max_num_seqs=256, max_batched_tokens=2048, kv_tokens=10**7)
+    one = solve(fake_step, 500, 101, 0, Load(CONCURRENCY, 1.0), limits, request_overhead_s=0.005)
+    assert one.ttft_s["mean"] == pytest.approx(0.005 + fake_step(one.running, 500, 500, 0, 0), rel=1e-6)
+    assert one.ttft_s["p99"] == pytest.approx(one.ttft_s["mean"], rel=1e-6)
+    two = solve(fake_step, 500, 101, 0, Load(CONCURRENCY, 2.0), limits, request_overhead_s=0.005)
+    assert two.ttft_s["mean"] > one.ttft_s["mean"] + two.step_s / 3
+
+
 def test_overload_is_refused_or_walked_and_burst_drains():
     limits = Limits(max_num_seqs=32, max_batched_tokens=2048, kv_tokens=10**7)
     over = solve(fake_step, 500, 101, 0, Load(RATE, 1000.0), limits)
