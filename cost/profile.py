@@ -95,6 +95,7 @@ class HardwareProfile:
     engines_data: dict = field(default_factory=dict, compare=False, repr=False)   # the raw `engines` section
     topologies: dict = field(default_factory=dict, compare=False, repr=False)     # name -> schema Topology
     topology: str = ""            # the topology this profile was loaded with ("" : the measured one)
+    peer_to_peer: bool = True     # the GPUs can map each other's memory (else no custom all-reduce runs)
     gpu_hour_usd: float = 0.0     # rent per GPU-hour (0: the profile states none)
     price_origin: str = ""        # its source and date
     # a board power limit binding harder than on the device the kernel models were fitted on (cost/power.py):
@@ -116,11 +117,6 @@ class HardwareProfile:
     @property
     def memory_usable_stated(self) -> bool:
         return self.memory_usable_gib > 0
-
-    @property
-    def peer_to_peer(self) -> bool:
-        """The GPUs can map each other's memory (false for a topology that says so: no custom all-reduce runs)."""
-        return not self.topology or self.topologies[self.topology].peer_to_peer
 
     @property
     def pcie_only(self) -> bool:
@@ -147,6 +143,9 @@ class HardwareProfile:
             cached = _engines(raw, self.path or self.key, seen + (self.key,))
             if self.topology:
                 cached = _with_allreduce(cached, self.topologies[self.topology], self.path)
+            if not self.peer_to_peer:   # no custom all-reduce (it maps the other GPUs' buffers): NCCL only
+                cached = {name: replace(cal, allreduce={impl: c for impl, c in cal.allreduce.items()
+                                                        if impl != "custom"}) for name, cal in cached.items()}
             _ENGINE_CACHE[self.path or self.key] = cached
         return cached
 
@@ -202,8 +201,7 @@ class HardwareProfile:
 
 
 def _with_allreduce(cals: dict[str, EngineCalibration], topology, where: str) -> dict[str, EngineCalibration]:
-    """Every engine's all-reduce curves replaced, GPU count by GPU count, by the topology's (and its custom
-    all-reduce dropped where the topology has no peer-to-peer)."""
+    """Every engine's all-reduce curves replaced, GPU count by GPU count, by the topology's."""
     curves = {}
     for impl, by_gpus in topology.allreduce.items():
         for n, curve in by_gpus.items():
@@ -213,10 +211,8 @@ def _with_allreduce(cals: dict[str, EngineCalibration], topology, where: str) ->
                 curves.setdefault(impl, {})[int(n)] = CollectiveCurve.from_json(curve, f"{where}.allreduce.{impl}.{n}")
             except ValueError as e:
                 raise ProfileError(str(e)) from None
-    # without peer-to-peer no custom all-reduce runs (it maps the other GPUs' buffers): NCCL takes every message
     return {name: replace(cal, allreduce={impl: {**cal.allreduce.get(impl, {}), **curves.get(impl, {})}
-                                          for impl in {*cal.allreduce, *curves}
-                                          if topology.peer_to_peer or impl != "custom"})
+                                          for impl in {*cal.allreduce, *curves}})
             for name, cal in cals.items()}
 
 
@@ -232,6 +228,7 @@ def with_topology(profile: HardwareProfile, name: str) -> HardwareProfile:
                    name=f"{profile.name} ({name})", interconnect_name=t.interconnect.name,
                    interconnect_bandwidth_gbps=t.interconnect.bandwidth_gbps,
                    interconnect_latency_us=t.interconnect.latency_us,
+                   peer_to_peer=t.interconnect.peer_to_peer,
                    domain_gpus=t.interconnect.domain_gpus if t.interconnect.domain_gpus is not None
                    else profile.domain_gpus)
 
@@ -371,7 +368,8 @@ def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> Hardwar
         memory_bandwidth_gbps=f.memory.bandwidth_gbps, memory_capacity_gb=f.memory.capacity_gb,
         memory_usable_gib=f.memory.usable_gib or 0.0,
         interconnect_name=f.interconnect.name, interconnect_bandwidth_gbps=f.interconnect.bandwidth_gbps,
-        interconnect_latency_us=f.interconnect.latency_us, host_link_name=f.host_link.name,
+        interconnect_latency_us=f.interconnect.latency_us, peer_to_peer=f.interconnect.peer_to_peer,
+        host_link_name=f.host_link.name,
         host_link_bandwidth_gbps=f.host_link.bandwidth_gbps, kernel_launch_us=f.kernel_launch_us,
         efficiency=_efficiency(f.efficiency, where, seen, f.name), sources=dict(f.sources), path=where,
         l2_cache_mb=f.l2_cache_mb, engines_data=f.engines, topologies=dict(f.topologies),

@@ -67,6 +67,11 @@ class Link(_Section):
     # the scale-up domain: GPUs this link joins (NVLink through NVSwitch, Infinity Fabric, HCCS, UB); None: one
     # node (scale_out.gpus_per_node). An NVL72 rack joins 72 GPUs on NVLink across 18 hosts of 4.
     domain_gpus: Annotated[int, Field(strict=True, ge=1, le=10**5)] | None = None
+    # False: the GPUs cannot map each other's memory (GeForce cards, a virtual machine that does not pass
+    # peer-to-peer through, a platform whose P2P test fails). An engine's custom all-reduce needs it (vLLM
+    # custom_all_reduce.py: "Custom allreduce is disabled because your platform lacks GPU P2P capability"), so NCCL
+    # serves every message
+    peer_to_peer: StrictBool = True
 
 
 class ScaleOut(_Section):
@@ -154,14 +159,10 @@ class Topology(_Section):
     description: StrictStr = Field(min_length=1)
     interconnect: Link
     allreduce: dict[StrictStr, dict[StrictStr, Any]] = Field(min_length=1)  # impl -> GPUs -> curve (checked later)
-    # False: the GPUs cannot read each other's memory (a virtual machine that does not pass peer-to-peer through, a
-    # platform whose P2P test fails). An engine's custom all-reduce needs it (vLLM custom_all_reduce.py: "Custom
-    # allreduce is disabled because your platform lacks GPU P2P capability"), so NCCL serves every message
-    peer_to_peer: StrictBool = True
 
     @model_validator(mode="after")
     def _no_custom_all_reduce_without_peer_to_peer(self):
-        if not self.peer_to_peer and "custom" in self.allreduce:
+        if not self.interconnect.peer_to_peer and "custom" in self.allreduce:
             raise ValueError("a topology without peer_to_peer runs no custom all-reduce: give NCCL's curves only")
         return self
 

@@ -42,6 +42,9 @@ def test_gpus_without_peer_to_peer_all_reduce_through_nccl():
     bridged, p2p, none = (load_profile(d) for d in ("h100pcie", "h100pcie:pcie", "h100pcie:no-p2p"))
     assert "custom" in p2p.engine("vllm").allreduce and "custom" not in none.engine("vllm").allreduce
     assert none.pcie_only and not bridged.pcie_only
+    geforce = load_profile("rtx4090")          # NVIDIA's driver gives GeForce RTX 4090s no P2P: its own link says so
+    assert not geforce.peer_to_peer and set(geforce.engine("vllm").allreduce) == {"nccl"}
+    assert load_profile("l40s").peer_to_peer and "custom" in load_profile("l40s").engine("vllm").allreduce
     nccl = p2p.engine("vllm").allreduce["nccl"][2]
     for message in (2**14, 2**20, 4 * 2**20):     # a decode's, a 64-token verification's, a prefill chunk's
         assert engine_allreduce_seconds(message, 2, none, "vllm") == allreduce_time(nccl, message, 2).seconds
@@ -53,7 +56,7 @@ def test_gpus_without_peer_to_peer_all_reduce_through_nccl():
     engine_allreduce_seconds(2**20, 2, none, "vllm", notes)
     assert len(notes) == 1 and "no custom all-reduce without peer-to-peer" in notes[0]   # said once, not per call
     with pytest.raises(ValueError, match="without peer_to_peer runs no custom all-reduce"):
-        Topology(description="x", interconnect=Link(bandwidth_gbps=64.0, latency_us=10.0), peer_to_peer=False,
+        Topology(description="x", interconnect=Link(bandwidth_gbps=64.0, latency_us=10.0, peer_to_peer=False),
                  allreduce={"custom": {"2": {}}, "nccl": {"2": {}}})
 
 
