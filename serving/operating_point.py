@@ -1,5 +1,5 @@
 """What the steady-state model (serving/steady_state.py) is asked and answers: the load offered to one replica,
-the engine's limits on it, and the state it settles in (or the finite run it walks, serving/finite_run.py)."""
+the engine's limits on it, and the state it settles in (or that of the finite run it walks, serving/step_walk.py)."""
 from __future__ import annotations
 
 import math
