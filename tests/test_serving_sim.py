@@ -356,3 +356,16 @@ def test_deferred_decodes_change_no_number(cost, monkeypatch, config):
     monkeypatch.setattr(Engine, "__init__", every_request)
     assert run() == deferred
     assert deferred["preemptions"] > 0 or config["gpu_blocks"] != 900
+
+
+def test_the_simulation_says_how_its_steps_are_priced(capsys):
+    """serving_sim carries the step's pricing notes as the optimizer does: the weight formats, and on GPUs without
+    peer-to-peer the all-reduce NCCL carries, in the JSON and the text."""
+    args = ["llama-3.2-1b", "--device", "h100pcie:no-p2p", "--tp-size", "2", "--workload", "multi-turn-chat",
+            "--num-requests", "20"]
+    assert main(args + ["--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["pricing_notes"]
+    assert any(n.startswith("formats (") for n in notes)
+    assert any("no custom all-reduce without peer-to-peer" in n for n in notes)
+    assert main(args) == 0
+    assert "note: all-reduce on PCIe Gen5 x16 through the host" in capsys.readouterr().out

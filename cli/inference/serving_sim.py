@@ -256,6 +256,9 @@ def run(args) -> dict:
            "scheduling": PREFILL_APART_NOTE if args.execution == "engine" and cost.defaults.prefill_apart else None,
            "step_overheads": cost.overhead_origin,
            "origin": cost.origin.as_json(),
+           # how the steps are priced: weight formats, collectives, the draft (the speculation line is its own)
+           "pricing_notes": [n for n in cost.formats_notes()
+                             if cost.speculation is None or n != cost.speculation.describe()],
            "speculation": cost.speculation.describe() if cost.speculation is not None else None,
            "load": _load_label(args), "runs": {k: results[k] for k in runs},
            "warnings": list(report.warnings) + [m for k in runs for m in results[k]["overload"]],

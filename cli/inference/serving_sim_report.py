@@ -101,7 +101,7 @@ def render(out: dict) -> str:
     if out.get("speculation"):
         text += (f"\nnote: {out['speculation']} (each request's accepted tokens drawn per step, position by "
                  f"position, seeded; 'tokens per step' is what the run drew)")
-    for note in origin_notes(out["origin"]):
+    for note in origin_notes(out["origin"]) + out.get("pricing_notes", []):
         text += f"\nnote: {note}"
     if out.get("scheduling"):
         text += f"\nnote: {out['scheduling']}"
