@@ -108,7 +108,7 @@ def simulate(requests: list[SimRequest], cost: StepCost, config: ServerConfig, a
                 res.rejected_ids.append(req.rid)
                 continue
             seq = Seq(req, req.block_hashes if config.prefix_caching else [])
-            target = router(engines, seq)
+            target = router(engines, seq, [e.load + len(s) for e, s in zip(engines, servers)])
             if intake_s > 0:
                 servers[target.index].arrive(t_arrival, seq)
                 schedule(target.index)

@@ -369,3 +369,18 @@ def test_the_simulation_says_how_its_steps_are_priced(capsys):
     assert any("no custom all-reduce without peer-to-peer" in n for n in notes)
     assert main(args) == 0
     assert "note: all-reduce on PCIe Gen5 x16 through the host" in capsys.readouterr().out
+
+
+def test_cache_aware_routing_balances_as_sglangs_gateway_does(cost):
+    """A system prompt every request shares is a quarter of each prompt: below the gateway's 0.3 match threshold,
+    so requests go where the cache has room. One hot document is most of each prompt: its instance keeps it until
+    that instance holds more than 64 requests (and 1.5x) beyond the least loaded; the next goes there, which then
+    holds the document too, and equal matches go to the least loaded. The longest match alone had sent every
+    request of both to the first instance."""
+    cfg = ServerConfig(block_size=16, gpu_blocks=40_000, block_bytes=1, instances=4, routing="cache-aware")
+    system = [SimRequest(i, 0.01 * i, 512 + 1536, 4, segments=[("system", 512), (f"u{i}", 1536)]) for i in range(200)]
+    assert simulate(system, cost, cfg).instance_requests == [50, 50, 50, 50]
+    doc = [SimRequest(i, 0.05 * i, 2048 + 16, 2048, segments=[("doc", 2048), (f"q{i}", 16)]) for i in range(300)]
+    res = simulate(doc, cost, cfg)
+    assert min(res.instance_requests) >= 70 and sum(res.instance_requests) == 300
+    assert res.reused_tokens >= (300 - 4) * 2048            # every instance but its first request hits the document
