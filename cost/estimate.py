@@ -136,7 +136,7 @@ def engine_allreduce_seconds(nbytes: float, gpus: int, hw: HardwareProfile, engi
             cross_node_all_reduce_seconds(nbytes, gpus, hw)
     spec = ENGINES[engine]
     custom = (nbytes <= spec.custom_allreduce_max_bytes and gpus in spec.custom_allreduce_gpus
-              and (not hw.pcie_only or gpus <= spec.pcie_custom_allreduce_max_gpus) and hw.peer_to_peer)
+              and (not hw.pcie_only or gpus <= spec.pcie_custom_allreduce_max_gpus))
     if notes is not None and not hw.peer_to_peer:
         note = (f"all-reduce on {hw.interconnect_name}: no custom all-reduce without peer-to-peer, NCCL carries "
                 f"every message, priced on its peer-to-peer PCIe curve; staged through host memory it may be slower")

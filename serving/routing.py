@@ -26,8 +26,9 @@ def _cache_aware():
         if max(loads) - min(loads) > BALANCE_ABS and max(loads) > min(loads) * BALANCE_REL:
             return min(engines, key=lambda e: (loads[e.index], e.index))
         # the longest prefix already on an instance's GPU; ties go to the least loaded, then the first
-        best = max(engines, key=lambda e: (e.cache.peek(seq), -loads[e.index], -e.index))
-        if best.cache.peek(seq) >= CACHE_THRESHOLD * seq.req.prompt_tokens:
+        hits = [e.cache.peek(seq) for e in engines]
+        best = max(engines, key=lambda e: (hits[e.index], -loads[e.index], -e.index))
+        if hits[best.index] >= CACHE_THRESHOLD * seq.req.prompt_tokens:
             return best
         # too little of the prompt cached anywhere: the instance with the most cache room (the gateway's smallest
         # tree: blocks held by requests or kept for reuse)

@@ -16,8 +16,12 @@ def _f(v, fmt="{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def _quantiles(d: dict, fmt="{:.1f}") -> str:
+    return " / ".join(_f(d[k], fmt) for k in ("p50", "p90", "p99"))
+
+
 def _pcts(d: dict) -> str:
-    return f"{_f(d['p50'])} / {_f(d['p90'])} / {_f(d['p99'])}" if d["requests"] else "-"
+    return _quantiles(d) if d["requests"] else "-"
 
 
 
@@ -36,10 +40,8 @@ ROWS = [  # (label, formatter of one run's summary)
     ("TTFT p50 / p90 / p99 ms", lambda r: _pcts(r["ttft_ms"])),
     ("  hit requests", lambda r: _pcts(r["ttft_ms_hit"]) + f" ({r['ttft_ms_hit']['requests']})"),
     ("  miss requests", lambda r: _pcts(r["ttft_ms_miss"]) + f" ({r['ttft_ms_miss']['requests']})"),
-    ("TPOT p50 / p90 / p99 ms", lambda r: f"{_f(r['tpot_ms']['p50'], '{:.2f}')} / {_f(r['tpot_ms']['p90'], '{:.2f}')}"
-                                          f" / {_f(r['tpot_ms']['p99'], '{:.2f}')}"),
-    ("ITL p50 / p90 / p99 ms", lambda r: f"{_f(r['itl_ms']['p50'], '{:.2f}')} / {_f(r['itl_ms']['p90'], '{:.2f}')}"
-                                         f" / {_f(r['itl_ms']['p99'], '{:.2f}')}"),
+    ("TPOT p50 / p90 / p99 ms", lambda r: _quantiles(r["tpot_ms"], "{:.2f}")),
+    ("ITL p50 / p90 / p99 ms", lambda r: _quantiles(r["itl_ms"], "{:.2f}")),
     ("E2E latency p50 / p90 / p99 ms", lambda r: _pcts(r["e2e_ms"])),
     ("mean TTFT / TPOT / E2E ms", lambda r: f"{_f(r['ttft_ms']['mean'])} / {_f(r['tpot_ms']['mean'], '{:.2f}')} / "
                                             f"{_f(r['e2e_ms']['mean'])}"),
