@@ -13,6 +13,7 @@ import numpy as np
 
 from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
                              PrefillAttentionParams, StreamParams, quant_time)
+from .engine_kernels.moe_runners import key_format
 from .kernel_db import COLLECTORS, Collector, KernelTable
 from .kernel_rows import group_rows, price_group
 from .profile import HardwareProfile
@@ -225,8 +226,8 @@ def _start(key: tuple, base: EngineCalibration | None):
             plain = table.get(key[2].removesuffix("_mha")) or DecodeAttentionParams()
             return replace(plain, max_group=1, pack_gqa=0.0)
         return table.get(key[2]) or (PrefillAttentionParams() if key[1] == "prefill" else DecodeAttentionParams())
-    if kind == "moe":
-        return (base.moe.get(key[1]) if base else None) or MoeParams()
+    if kind == "moe":   # a runner's own model, first fitted: from its format's (moe_runners.py)
+        return (base.moe.get(key[1]) or base.moe.get(key_format(key[1])) if base else None) or MoeParams()
     curves = base.allreduce.get(key[1], {}) if base else {}
     return curves.get(key[2]) or CollectiveCurve()
 

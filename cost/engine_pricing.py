@@ -95,14 +95,16 @@ def expanded_mla_prefill(w, hw: HardwareProfile, cal: EngineCalibration) -> Time
 
 def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: RunFormat) -> KernelTime:
     c = k.moe
-    p = _section(cal.moe, fmt.kernel, "fused MoE", cal)
+    p = _section(cal.moe, fmt.model, "fused MoE", cal)
     _, compute_dtype, _ = WEIGHT_FORMATS[fmt.kernel]
     weight_bytes = fmt.weight_bytes / fmt.stream_fraction
     stats = routing_stats("random", c.tokens, c.experts, c.top_k, c.ep, c.imbalance)
     t = moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, c.tokens, c.hidden,
                  c.inter / c.tp, c.top_k, stats.pairs, stats.active_experts, stats.padded_tiles, gated=c.gated,
                  weight_bytes=weight_bytes, local_experts=c.experts / c.ep,
-                 tuned=tuned_mask(cal.engine, hw.key, fmt.kernel, c.experts // c.ep, c.inter // c.tp)).scalar()
+                 # Triton's tuned configuration files, not another runner's kernels
+                 tuned=tuned_mask(cal.engine, hw.key, fmt.kernel, c.experts // c.ep, c.inter // c.tp)
+                 & (fmt.model == fmt.kernel)).scalar()
     return _kernel_time(weight_only_kernel(t, fmt, hw, moe_flops(stats.pairs, c.hidden, c.inter / c.tp, c.gated)))
 
 

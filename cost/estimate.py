@@ -211,7 +211,8 @@ def _moe_config_notes(kernels, formats, engine: str, hw: HardwareProfile, cal) -
     apart (MoeParams.large_tile_tokens)."""
     notes = []
     for k, f in zip(kernels, formats):
-        if k.moe is None or f is None or f.kernel not in cal.moe or cal.moe[f.kernel].large_tile_tokens < 0.5:
+        if k.moe is None or f is None or f.model != f.kernel or f.kernel not in cal.moe or \
+                cal.moe[f.kernel].large_tile_tokens < 0.5:
             continue
         note = config_note(engine, hw.key, f.kernel, k.moe.experts // k.moe.ep, k.moe.inter // k.moe.tp)
         if note and note not in notes:
@@ -235,8 +236,9 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         comm = _eager_communication(trace, par, hw)
     else:
         cal = hw.engine(engine)
-        formats = [op_format(k.op, engine, hw, trace.options.dtype, tuple(cal.moe), tuple(cal.gemm))
-                   if k.op_class == GEMM else None for k in kernels]
+        dispatch = par.ep > 1 and par.ep_style == EP_DISPATCH
+        formats = [op_format(k.op, engine, hw, trace.options.dtype, tuple(cal.moe), tuple(cal.gemm),
+                             trace.architecture, dispatch) if k.op_class == GEMM else None for k in kernels]
         priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, f, trace.kv_element_size))
                   for k, f in zip(kernels, formats)]
         notes += formats_note(kernels, formats, engine, hw)
@@ -253,7 +255,7 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         notes += layout_notes
         notes.append(f"{ENGINES[engine].label} kernels: {cal.origin}")
         notes += _attention_kernel_notes(kernels, engine, cal)
-        used = {("moe" if k.op is not None and k.op.experts is not None else "gemm", f.kernel)
+        used = {("moe" if k.op is not None and k.op.experts is not None else "gemm", f.model)
                 for k, f in zip(kernels, formats) if f is not None}
         notes += [f"{ENGINES[engine].label} kernels: {key} from {where}" for key, where in cal.inherited.items()
                   if _inherited_used(key, used)]

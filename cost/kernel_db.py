@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .engine_kernels.moe_runners import table_runner
 from .kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow
 
 _DTYPES = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
@@ -235,10 +236,11 @@ COLLECTORS = {
 
 
 def _moe(t, relu2_timed_gated: bool = False, single_rank_ep: bool = True, served: dict | None = None,
-         formats: tuple | None = None) -> tuple[list, list]:
+         formats: tuple | None = None, engine: str = "") -> tuple[list, list]:
     """`relu2_timed_gated`: the collector timed a relu^2 model's layers as gated work. Expert-parallel rows that
     do not time one serving rank's work (`single_rank_ep` false) are skipped. `served`: per format, the kernel
-    sources the engine runs (rows of other sources are skipped); `formats`: only rows of these formats."""
+    sources the engine runs (rows of other sources are skipped); `formats`: only rows of these formats. A row of
+    a runner other than the engine's default one says so (its `runner`: moe_runners.py)."""
     rows, ms = [], []
     sources = t.get("kernel_source") or [""] * len(t["latency"])
     for i, lat in enumerate(t["latency"]):
@@ -251,7 +253,8 @@ def _moe(t, relu2_timed_gated: bool = False, single_rank_ep: bool = True, served
             continue
         hidden, experts, top_k = int(t["hidden_size"][i]), int(t["num_experts"][i]), int(t["topk"][i])
         rows.append(MoeRow(int(t["num_tokens"][i]), hidden, int(t["inter_size"][i]), experts, top_k, tp, ep, dtype,
-                           t["distribution"][i], relu2_timed_gated or _gated(hidden, experts, top_k)))
+                           t["distribution"][i], relu2_timed_gated or _gated(hidden, experts, top_k),
+                           table_runner(engine, dtype, sources[i])))
         ms.append(lat)
     return rows, ms
 
@@ -282,20 +285,20 @@ def _quant(static, dynamic_extra) -> tuple[list, list]:
     return rows, ms
 
 
-def add_moe(files: list[str], store: _Store, collector: Collector, system: str, add) -> None:
+def add_moe(files: list[str], store: _Store, collector: Collector, system: str, add, engine: str = "") -> None:
     """The newest MoE table, each format the engine runs another kernel for (`Collector.moe_served`) taken
     from the newest version that times the served one."""
     served = {fmt: sources for fmt, systems, sources in collector.moe_served if system.startswith(systems)}
     newest = files[0]
     rows, ms = _moe(store.read(newest), collector.relu2_timed_gated(_version(newest)), collector.single_rank_ep,
-                    served)
+                    served, engine=engine)
     used = [newest]
     for fmt in served:
         if any(r.dtype == fmt for r in rows):
             continue
         for older in files[1:]:
             more, more_ms = _moe(store.read(older), collector.relu2_timed_gated(_version(older)),
-                                 collector.single_rank_ep, served, (fmt,))
+                                 collector.single_rank_ep, served, (fmt,), engine)
             if more:
                 rows, ms, used = rows + more, ms + more_ms, used + [older]
                 break
@@ -327,7 +330,7 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
             add(f"{phase}_attention", f, _attention(store.read(f), phase, collector.keys_after_step(_version(f)),
                                                     collector.attention_backends, collector.fp8_kv_query))
     if files := store.find_all(system, "moe", engine, "moe_perf.parquet"):
-        add_moe(files, store, collector, system, add)
+        add_moe(files, store, collector, system, add, engine)
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):
         add("custom_allreduce", f, _allreduce(store.read(f), "custom"))
     if f := store.find(system, "comm", "nccl", "nccl_perf.parquet"):

@@ -11,7 +11,8 @@ A row is one kernel call; its timed region is what the AIConfigurator collectors
   cache that fits stays in L2 (`"cold": true` reads it from HBM).
 - moe: the whole fused-MoE layer of one rank: `tokens` on the rank, global `experts` and `inter`, the rank
   holding experts/ep whole experts and inter/tp of each. `distribution`: balanced (default),
-  power_law_<alpha> (the most loaded EP rank), or random.
+  power_law_<alpha> (the most loaded EP rank), or random. `runner`: the engine's MoE runner where it is not its
+  default one (cost/engine_kernels/moe_runners.py: SGLang's flashinfer_trtllm or flashinfer_cutlass).
 - allreduce: `bytes` per GPU over `gpus`, with the engine's custom all-reduce or NCCL.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from .engine_kernels import (ROUTINGS, EngineCalibration, Times, allreduce_time, decode_attention_time, gemm_time,
                              host_issue_s, moe_time, nearest_curve, prefill_attention_time, quant_time, routing_stats)
 from .engine_kernels.common import soft_max
+from .engine_kernels.moe_runners import key_format, moe_key, runners
 from .engine_kernels.tuned_moe import tuned_mask
 from .engines import ENGINES
 from .profile import HardwareProfile, ProfileError
@@ -82,6 +84,7 @@ class MoeRow:
     dtype: str = "bf16"
     distribution: str = "balanced"
     gated: bool = True       # gate and up projections (SwiGLU); false for relu^2 experts (Nemotron-H)
+    runner: str = ""         # the engine's MoE runner, "" for its default one (moe_runners.py)
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,8 @@ class AllreduceRow:
 
 ROW_TYPES = {"gemm": GemmRow, "attention": AttentionRow, "moe": MoeRow, "allreduce": AllreduceRow}
 _CHOICES = {"dtype": {GemmRow: ROW_GEMM_DTYPES, MoeRow: ROW_MOE_DTYPES}, "kv_dtype": KV_DTYPES,
-            "phase": ("prefill", "decode"), "impl": ("custom", "nccl"), "role": GEMM_ROLES}
+            "phase": ("prefill", "decode"), "impl": ("custom", "nccl"), "role": GEMM_ROLES,
+            "runner": ("",) + runners()}
 _ZERO_OK = {"context", "window"}
 PASSTHROUGH = {"id", "label", "source", "measured_ms"}   # a row may carry these; they are written back untouched
 
@@ -248,11 +252,15 @@ def attention_rows_time(cal: EngineCalibration, hw: HardwareProfile, phase: str,
                                   kv_bytes=kv_bytes)
 
 
-def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows: list[MoeRow], params=None,
+def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, model: str, rows: list[MoeRow], params=None,
                   weight_bytes: float | None = None) -> Times:
+    """`model`: the calibration's MoE key, a format or `<format>_<runner>` (moe_runners.py)."""
+    dtype = key_format(model)
     stored, compute_dtype, _ = WEIGHT_FORMATS[dtype]
     weight_bytes = stored if weight_bytes is None else weight_bytes
-    p = params or _need(cal.moe, dtype, "MoE format", cal)
+    p = params or _need(cal.moe, model, "MoE format", cal)
+    # Triton's tuned configuration files are for its own kernel, not another runner's
+    triton = model == dtype
     stats = [routing_stats(r.distribution, r.tokens, r.experts, r.top_k, r.ep) for r in rows]
     tokens, hidden, inter, tp, top_k = _columns(rows, "tokens", "hidden", "inter", "tp", "top_k")
     return moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, tokens, hidden, inter / tp,
@@ -260,7 +268,7 @@ def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, rows:
                     np.array([s.padded_tiles for s in stats]), gated=np.array([r.gated for r in rows]),
                     weight_bytes=weight_bytes, local_experts=np.array([r.experts / r.ep for r in rows]),
                     tuned=tuned_mask(cal.engine, hw.key, dtype, [r.experts // r.ep for r in rows],
-                                     [r.inter // r.tp for r in rows]))
+                                     [r.inter // r.tp for r in rows]) & triton)
 
 
 def allreduce_rows_time(cal: EngineCalibration, impl: str, gpus: int, nbytes, curve=None) -> Times:
@@ -282,7 +290,7 @@ def group_key(row, engine: str | None = None, decode_sets: dict | None = None) -
                                                              decode_sets=decode_sets))
         return ("attention", row.phase, kv_key)
     if isinstance(row, MoeRow):
-        return ("moe", row.dtype)
+        return ("moe", moe_key(row.dtype, row.runner))
     return ("allreduce", row.impl, row.gpus)
 
 
@@ -339,15 +347,19 @@ def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -
         by_role: dict[str, list[int]] = {}
         for i in index:
             by_role.setdefault(getattr(rows[i], "role", "experts"), []).append(i)
+        fmt = key_format(key[1]) if key[0] == "moe" else key[1]
+        runner = key[1].removeprefix(fmt).removeprefix("_")
         for role, part in by_role.items():
-            f = run_format(CHECKPOINT_FORMAT.get(key[1], key[1]), role, cal.engine, hw, moe=key[0] == "moe",
+            f = run_format(CHECKPOINT_FORMAT.get(fmt, fmt), role, cal.engine, hw, moe=key[0] == "moe",
                            moe_models=tuple(cal.moe), gemm_models=tuple(cal.gemm))
             group = [rows[i] for i in part]
-            t = price_group(cal, hw, (key[0], f.kernel), group, weight_bytes=f.weight_bytes / f.stream_fraction)
+            model = moe_key(f.kernel, runner) if key[0] == "moe" and moe_key(f.kernel, runner) in cal.moe \
+                else f.kernel
+            t = price_group(cal, hw, (key[0], model), group, weight_bytes=f.weight_bytes / f.stream_fraction)
             if f.how == WEIGHT_ONLY:
                 t = weight_only_kernel(t, f, hw, _row_flops(key[0], group))
             seconds[part] = t.seconds
-            name = f"{key[0]}.{f.kernel}" + (f" ({WEIGHT_ONLY})" if f.how == WEIGHT_ONLY else "")
+            name = f"{key[0]}.{model}" + (f" ({WEIGHT_ONLY})" if f.how == WEIGHT_ONLY else "")
             for i in part:
                 models[i] = name
     return seconds, models

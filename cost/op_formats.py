@@ -20,6 +20,7 @@ from importlib import resources
 from tracer.dtypes import TORCH_DTYPE_NAMES
 from tracer.work import GEMM, Op
 
+from .engine_kernels.moe_runners import RunnerChoice, model_runner, moe_key
 from .engines import ENGINES
 from .execution import ENGINE
 from .profile import HardwareProfile, ProfileError
@@ -57,6 +58,15 @@ class RunFormat:
     # weight-only although the device has the format's matrix units: its kernel models (carried over from a donor
     # device) have no fit of the native kernel, so the format is priced as the engines' weight-only path
     unfitted_native: bool = False
+    # routed experts the engine runs on another MoE runner than its default one for this model and device
+    # (engine_kernels/moe_runners.py), and whether the device has that runner's own kernel model
+    runner: RunnerChoice | None = None
+    runner_fitted: bool = False
+
+    @property
+    def model(self) -> str:
+        """The engine calibration's kernel model that prices it: the format's, or its runner's own."""
+        return moe_key(self.kernel, self.runner.runner) if self.runner and self.runner_fitted else self.kernel
 
 
 @lru_cache(maxsize=1)
@@ -116,16 +126,24 @@ def _kernel_bytes(kernel: str) -> float:
 
 
 def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
-              moe_models: tuple[str, ...] = (), gemm_models: tuple[str, ...] = ()) -> RunFormat:
+              moe_models: tuple[str, ...] = (), gemm_models: tuple[str, ...] = (), architecture: str = "",
+              all_to_all: bool = False) -> RunFormat:
     """A GEMM kernel's format. A GEMM of two activations or of a buffer (attention scores, a rotary table) has
-    no weight to quantize: bf16. A weight GEMM without a recorded format (an op built by hand) takes `default`."""
+    no weight to quantize: bf16. A weight GEMM without a recorded format (an op built by hand) takes `default`.
+    Routed experts take the MoE runner the engine picks for the model's `architecture` on this device (without a
+    dispatch-style `all_to_all`)."""
     reads_weights = op is not None and (op.experts is not None or op.weight_operand == "param"
                                         or (op.weight_operand is None and op.weight_bytes > 0))
     if not reads_weights:
         return RunFormat("bf16", 2.0, "bf16")
     checkpoint = op.weight_format or default
-    return run_format(checkpoint, op.weight_role or ("experts" if op.experts is not None else "linear"), engine, hw,
-                      moe=op.experts is not None, moe_models=moe_models, gemm_models=gemm_models)
+    f = run_format(checkpoint, op.weight_role or ("experts" if op.experts is not None else "linear"), engine, hw,
+                   moe=op.experts is not None, moe_models=moe_models, gemm_models=gemm_models)
+    if op.experts is None or f.how == WEIGHT_ONLY:
+        return f
+    choice = model_runner(engine, hw.key, architecture, f.kernel, all_to_all)
+    return f if choice is None else replace(f, runner=choice,
+                                            runner_fitted=moe_key(f.kernel, choice.runner) in moe_models)
 
 
 def expert_resident(trace, engine: str, hw: HardwareProfile, execution: str = ENGINE) -> float:
@@ -145,7 +163,7 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
     for k, f in zip(kernels, formats):
         if f is None or k.op_class != GEMM or k.op is None or k.op.weight_role is None:
             continue
-        key = (k.op.weight_role, f.kernel if f.how != WEIGHT_ONLY else f"{f.checkpoint} weight-only", f.how)
+        key = (k.op.weight_role, f.model if f.how != WEIGHT_ONLY else f"{f.checkpoint} weight-only", f.how)
         table[key] = table.get(key, 0) + k.count
         if f.how == WEIGHT_ONLY:
             # one note per format: the dense GEMMs' kernel terms (their ceiling) over the experts', and the
@@ -161,6 +179,12 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
     parts = [f"{ROLE_LABELS.get(role, role)} {kernel} x{n}" + (f" ({label} rule)" if how == RULE else "")
              for (role, kernel, how), n in table.items()]
     notes = [f"formats ({label} on {hw.name}, kernels per step): " + ", ".join(parts)]
+    for f in {f for f in formats if f is not None and f.runner is not None}:
+        priced = (f"priced with that runner's own kernel model (moe.{f.model})" if f.runner_fitted else
+                  f"{hw.name} has no kernel model of that runner, so it is priced with the default runner's "
+                  f"(moe.{f.kernel}), which can be 2x off at large token counts")
+        notes.append(f"formats: routed experts run on {f.runner.label}, which it picks for "
+                     f"{f.runner.architecture} on {hw.name} ({f.runner.source_file}); {priced}")
     for fmt, f in weight_only.items():
         lacks = f", which has no {KERNELS[fmt][2]} matrix units" if KERNELS[fmt][2] else ""
         if f.unfitted_native:

@@ -170,6 +170,7 @@ def test_tracer_cli_json(capsys):
         assert key in out
     assert set(out["flops_by_class"]) == {"gemm", "attention", "other"}
     assert out["flops"] == pytest.approx(sum(out["flops_by_class"].values()))
+    assert out["architecture"] == "Qwen3MoeForCausalLM"
 
 
 def test_tracer_cli_bad_input(capsys):

@@ -69,7 +69,7 @@ def trace_summary(t: Trace) -> dict:
         "model": t.model,
         "request": {"num_queries": t.request.num_queries, "query_length": t.request.query_length,
                     "context_length": t.request.context_length, "decode": t.request.decode},
-        "params": t.params, "active_params": t.active_params,
+        "architecture": t.architecture, "params": t.params, "active_params": t.active_params,
         "flops": t.flops, "flops_by_class": t.flops_by_class(),
         "bytes": t.bytes, "bytes_by_class": t.bytes_by_class(),
         "num_ops": t.num_ops, "trace_seconds": round(t.trace_seconds, 4),

@@ -140,10 +140,17 @@ def trace(model: str | ModelSpec, request: Request, options: TraceOptions = Trac
         trace_seconds=time.perf_counter() - start,
         kv_element_size=kv_size, hidden_size=_hidden_size(built.config),
         unformulated=run.unformulated, notes=_notes(built, options, from_config, run), checks=run.checks,
-        state_bytes_per_sequence=state_bytes, image_tokens=run.image_tokens, recomputes_context=recomputed)
+        state_bytes_per_sequence=state_bytes, image_tokens=run.image_tokens, recomputes_context=recomputed,
+        architecture=_architecture(spec.config, built))
     _remember(key, result)
     disk_cache.store(key, result)
     return result
+
+
+def _architecture(config: dict, built: BuiltModel) -> str:
+    """The model class the config names, as engines read it (hf_config.architectures[0]); else the class built."""
+    named = config.get("architectures")
+    return named[0] if isinstance(named, list) and named and isinstance(named[0], str) else type(built.model).__name__
 
 
 def _warm_up(built: BuiltModel, options: TraceOptions, kv_size: float, name: str, mode: str) -> None:

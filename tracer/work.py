@@ -179,6 +179,7 @@ class Trace:
     image_tokens: int = 0                   # of the query tokens, how many are image tokens
     checks: dict[str, str] = field(default_factory=dict)  # self-checks run on this trace and their verdicts
     recomputes_context: bool = False        # no KV cache: the step's ops are the forward of context + query tokens
+    architecture: str = ""                  # the config's model class (architectures[0]): engines pick kernels by it
 
     def total(self, attr: str, op_class: str | None = None) -> float:
         return sum(getattr(op, attr) * op.count for op in self.ops

@@ -7,6 +7,7 @@ from .attention import DecodeAttentionParams, PrefillAttentionParams
 from .collective import IMPLEMENTATIONS, CollectiveCurve
 from .gemm import GemmParams
 from .moe import MoeParams
+from .moe_runners import moe_key, runners
 from .params import ParamSet
 from .stream import StreamParams
 
@@ -17,6 +18,8 @@ KV_FORMATS = ("bf16", "fp8", "bf16_window", "fp8_window")   # sliding-window att
 # groups (DecodeAttentionParams.tensor_core_group) `<kv>_tc`
 DECODE_KERNELS = KV_FORMATS + tuple(f"{k}_mha" for k in KV_FORMATS) + tuple(f"{k}_tc" for k in KV_FORMATS)
 MOE_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4", "int4")
+# a format's kernel model on a runner other than the engine's default one (moe_runners.py): `<format>_<runner>`
+MOE_MODELS = MOE_FORMATS + tuple(moe_key(f, r) for f in MOE_FORMATS for r in runners())
 SECTIONS = ("gemm", "quant", "elementwise", "prefill_attention", "decode_attention", "moe", "allreduce")
 # kernels an engine runs an attention with per-head sink logits (gpt-oss) through on a device whose fitted prefill
 # kernel lacks them (cost/engine_kernels/unified_attention.py)
@@ -109,7 +112,7 @@ def _keyed(data, where: str, allowed: tuple[str, ...], cls: type[ParamSet]) -> d
 
 
 def _carried(data, where: str) -> dict:
-    keyed = {"moe": MOE_FORMATS, "gemm": GEMM_FORMATS, "prefill_attention": KV_FORMATS,
+    keyed = {"moe": MOE_MODELS, "gemm": GEMM_FORMATS, "prefill_attention": KV_FORMATS,
              "decode_attention": DECODE_KERNELS}
     if not isinstance(data, dict):
         raise ValueError(f"{where}: must map 'section.format' to {{\"from\": PROFILE, \"why\": TEXT}}")
@@ -179,4 +182,4 @@ def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
                                  PrefillAttentionParams),
         decode_attention=_keyed(data.get("decode_attention", {}), f"{where}.decode_attention", DECODE_KERNELS,
                                 DecodeAttentionParams),
-        moe=_keyed(data.get("moe", {}), f"{where}.moe", MOE_FORMATS, MoeParams), allreduce=allreduce)
+        moe=_keyed(data.get("moe", {}), f"{where}.moe", MOE_MODELS, MoeParams), allreduce=allreduce)

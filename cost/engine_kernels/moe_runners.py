@@ -1,0 +1,81 @@
+"""Which fused-MoE runner an engine's default launch runs a model's experts on (data: moe_runners.json).
+
+SGLang picks its MoE runner per model architecture and device: on SM100 (B200, B300, GB200, GB300) the Qwen3-MoE and
+DeepSeek-V3 families run FlashInfer's TensorRT-LLM MoE kernels, other architectures its Triton fused-MoE kernel;
+Nemotron-H runs FlashInfer's CUTLASS MoE off SM100 (python/sglang/srt/server_args.py, 0.5.14). The two runners of
+one format differ by up to 2-3x at large token counts (AIConfigurator 0.12's GB200 bf16 tables: ~1,000 TFLOPS for
+the Qwen3 shapes on flashinfer_trtllm, ~400 for Mixtral's and Llama 4's on Triton), so each runner has its own
+kernel model: the calibration's `moe.<format>` prices the engine's default runner, `moe.<format>_<runner>` another
+one. Every rule holds only without an all-to-all backend (dispatch-style expert parallelism), as in the engine.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+DATA = "moe_runners.json"
+
+
+@lru_cache(maxsize=1)
+def _data() -> dict:
+    return json.loads((resources.files("cost.engine_kernels") / DATA).read_text())
+
+
+def runners() -> tuple[str, ...]:
+    """Every runner some engine keeps a kernel model of its own for."""
+    return tuple(sorted({r["runner"] for entry in _data().values() for r in entry["rules"]}))
+
+
+def moe_key(fmt: str, runner: str = "") -> str:
+    """The calibration key of a format's kernel model on a runner ("" or the default: the format itself)."""
+    return f"{fmt}_{runner}" if runner else fmt
+
+
+def key_format(key: str) -> str:
+    """The weight format of a MoE kernel model key ("fp8_block_flashinfer_trtllm" -> "fp8_block")."""
+    for runner in runners():
+        if key.endswith(f"_{runner}"):
+            return key.removesuffix(f"_{runner}")
+    return key
+
+
+def table_runner(engine: str, fmt: str, kernel_source: str) -> str:
+    """The runner a kernel-table row of `kernel_source` was timed on, where the engine's rows of that format split
+    between runners; "" for the default runner (and every format that does not split)."""
+    entry = _data().get(engine)
+    if not entry or fmt not in entry["formats"]:
+        return ""
+    for source, runner in entry["table_sources"].items():
+        if source in kernel_source:
+            return "" if runner == entry["default"] else runner
+    return ""
+
+
+@dataclass(frozen=True)
+class RunnerChoice:
+    runner: str       # "" for the engine's default runner
+    label: str        # what the notes call it: "SGLang 0.5.14's flashinfer_trtllm MoE runner"
+    source: str       # the engine source of the rule
+    architecture: str
+
+    @property
+    def source_file(self) -> str:
+        return self.source.split(" ", 1)[0]
+
+
+def model_runner(engine: str, profile_key: str, architecture: str, fmt: str,
+                 all_to_all: bool = False) -> RunnerChoice | None:
+    """The runner the engine's default launch takes for a model's routed experts in `fmt` on a device; None where
+    it runs its default one (or tracecost has no rules for the engine)."""
+    entry = _data().get(engine)
+    if not entry or all_to_all or not architecture:
+        return None
+    for rule in entry["rules"]:
+        devices = rule["devices"]
+        if architecture in rule["architectures"] and fmt in rule["formats"] and \
+                (devices == "*" or profile_key in devices):
+            return RunnerChoice(rule["runner"], f"{entry['label']} {entry['release']}'s {rule['runner']} MoE runner",
+                                rule["source"], architecture)
+    return None
