@@ -221,6 +221,10 @@ def _start(key: tuple, base: EngineCalibration | None):
         if key[2].endswith("_tc") and key[2] not in table:
             # FlashInfer's tensor-core decode, first fitted: from the CUDA-core kernel's fit
             return replace(table.get(key[2].removesuffix("_tc")) or DecodeAttentionParams(), tensor_core_group=0)
+        if key[2].endswith("_triton") and key[2] not in table:
+            # another backend's kernels, first fitted: from the default backend's fit of the format
+            return table.get(key[2].removesuffix("_triton")) or \
+                (PrefillAttentionParams() if key[1] == "prefill" else DecodeAttentionParams())
         if key[2].endswith("_mha") and key[2] not in table:
             # an engine's multi-head decode kernel, first fitted: from its grouped-query sibling, a CTA per query head
             plain = table.get(key[2].removesuffix("_mha")) or DecodeAttentionParams()

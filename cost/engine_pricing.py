@@ -9,6 +9,7 @@ import numpy as np
 
 from .engine_kernels import (EngineCalibration, Times, decode_attention_time, moe_time, prefill_attention_time,
                              routing_stats, stream_time)
+from .engine_kernels.calibration import ATTENTION_BACKENDS
 from .engine_kernels.tuned_moe import tuned_mask
 from .engine_kernels.unified_attention import unified_prefill_time
 from .engines import ENGINES
@@ -50,9 +51,12 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
     element = 1.0 if kv_format == "fp8" else 2.0    # the bytes of a cached K or V element the kernels read
     window = w.window or 0
     engine = ENGINES[cal.engine]
+    # an attention with sink logits on another backend of the engine's, fitted apart (SGLang's Triton kernels)
+    backend = cal.sink_attention.get("kernel") if w.has_sinks and \
+        cal.sink_attention.get("kernel") in ATTENTION_BACKENDS else ""
     if w.query_length == 1 and (w.context_length > 0 or engine.one_token_query_decodes):
-        kernel = decode_kernel(kv_format + ("_window" if window > 0 else ""), cal.engine, w.heads / w.kv_heads,
-                               w.kv_shares_storage, cal.decode_attention)
+        kernel = backend or decode_kernel(kv_format + ("_window" if window > 0 else ""), cal.engine,
+                                          w.heads / w.kv_heads, w.kv_shares_storage, cal.decode_attention)
         p = attention_model(cal.decode_attention, kv_format, window > 0, "decode attention KV format", cal, kernel)
         # a one-token prompt (engine.one_token_query_decodes) reads its own key
         t = decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, w.batch, max(w.context_length, 1),
@@ -62,7 +66,8 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
                                                                                       w.batch * w.context_length):
         t = expanded_mla_prefill(w, hw, cal)
     else:
-        p = attention_model(cal.prefill_attention, kv_format, window > 0, "prefill attention KV format", cal)
+        p = attention_model(cal.prefill_attention, kv_format, window > 0, "prefill attention KV format", cal,
+                            backend)
         t = prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
                                    hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.kv_heads,
                                    w.qk_head_dim, w.v_head_dim, window=window,

@@ -287,7 +287,14 @@ def _attention_kernel_notes(kernels: list[Kernel], engine: str, cal) -> list[str
     label = ENGINES[engine].label
     attentions = [k.op.attention for k in kernels if k.op is not None and k.op.attention is not None]
     notes = []
-    if cal.sink_attention and any(w.has_sinks for w in attentions):
+    if cal.sink_attention.get("kernel") == "triton" and any(w.has_sinks for w in attentions):
+        table = cal.prefill_attention
+        fitted = any(k.endswith("_triton") for k in table)
+        notes.append(f"{label} kernels: attention with sink logits on its Triton backend here, "
+                     + ("priced with that backend's own kernel models, fitted on its rows of the tables"
+                        if fitted else "which has no kernel model of its own here: priced with the default backend's")
+                     + f" ({cal.sink_attention['why']})")
+    elif cal.sink_attention and any(w.has_sinks for w in attentions):
         notes.append(f"{label} kernels: attention with sink logits on its Triton unified attention kernel here: "
                      f"prefill priced as that kernel's key and value re-reads, one per 16 query rows, where they take "
                      f"longer than the fitted prefill kernel (cost/engine_kernels/unified_attention.py); decode on the "

@@ -155,11 +155,14 @@ def _served_query_rows(t, fp8_kv_query: str) -> list[bool]:
 
 
 def _attention(t, phase: str, keys_after_step: bool, backends: tuple = (),
-               fp8_kv_query: str = "bfloat16") -> tuple[list, list]:
+               fp8_kv_query: str = "bfloat16", apart: tuple = ()) -> tuple[list, list]:
+    """`apart`: backends whose rows are fitted as models of their own where the table times another one too."""
     rows, ms = [], []
     windows = t.get("window_size") or [0] * len(t["latency"])
     served = _served_backend_rows(t, backends)
     query_served = _served_query_rows(t, fp8_kv_query)
+    sources = t.get("kernel_source") or [""] * len(t["latency"])
+    mixed = len(set(sources)) > 1
     for i, lat in enumerate(t["latency"]):
         kv = _KV.get(t["kv_cache_dtype"][i])
         if kv is None or not served[i] or not query_served[i]:
@@ -169,7 +172,8 @@ def _attention(t, phase: str, keys_after_step: bool, backends: tuple = (),
             q, c = int(t["isl"][i]), 0
         else:
             q, c = 1, int(t["step"][i]) if keys_after_step else max(0, int(t["step"][i]) - 1)
-        rows.append(AttentionRow(phase, b, q, c, h, kvh, d, int(windows[i] or 0), kv))
+        backend = sources[i] if mixed and sources[i] in apart else ""
+        rows.append(AttentionRow(phase, b, q, c, h, kvh, d, int(windows[i] or 0), kv, backend=backend))
         ms.append(lat)
     return rows, ms
 
@@ -192,6 +196,8 @@ class Collector:
                                            # timing a head dim the preferred one also times are dropped
     fp8_kv_query: str = "bfloat16"         # the query dtype of attention over an fp8 KV cache, where a table
                                            # times both (`attn_dtype`)
+    attention_apart: tuple = ()            # attention backends (`kernel_source`) whose rows, where a table also
+                                           # times another backend, are fitted as their own kernel models
     moe_served: tuple = ()                 # (format, system prefixes, kernel_source substrings): the MoE kernels
                                            # the engine's default launch runs for checkpoints of that format
                                            # there; rows of another source are dropped, and a newest table with
@@ -227,7 +233,10 @@ COLLECTORS = {
                         # MHA model runs fa3 on Hopper, trtllm_mha on SM100, else FlashInfer, Triton where the
                         # others cannot (python/sglang/srt/server_args.py _get_default_attn_backend; the
                         # collector's collect_attn.py takes Triton for head dim 192 on SM100 and on SM120)
-                        attention_backends=("fa3", "trtllm_mha", "flashinfer", "triton")),
+                        attention_backends=("fa3", "trtllm_mha", "flashinfer", "triton"),
+                        # its Triton kernels time other head dims (gpt-oss's, MLA's) than the default backend's and
+                        # run 1-3x apart from them: the rows of each are fitted apart
+                        attention_apart=("triton",)),
     # TensorRT-LLM's PyTorch flow runs paged context FMHA (chunked prefill, KV-cache reuse: both on by default)
     # over an fp8 KV cache only as FP8 attention, an fp8 query (tensorrt_llm/_torch/attention_backend/trtllm.py
     # raises "When FP8 KV cache is being used, paged context FMHA cannot be used without FP8 attention")
@@ -328,7 +337,8 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
     for table, phase in (("context_attention_perf.parquet", "prefill"), ("generation_attention_perf.parquet", "decode")):
         if f := store.find(system, "attention", engine, table):
             add(f"{phase}_attention", f, _attention(store.read(f), phase, collector.keys_after_step(_version(f)),
-                                                    collector.attention_backends, collector.fp8_kv_query))
+                                                    collector.attention_backends, collector.fp8_kv_query,
+                                                    collector.attention_apart))
     if files := store.find_all(system, "moe", engine, "moe_perf.parquet"):
         add_moe(files, store, collector, system, add, engine)
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):

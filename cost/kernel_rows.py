@@ -24,6 +24,7 @@ import numpy as np
 
 from .engine_kernels import (ROUTINGS, EngineCalibration, Times, allreduce_time, decode_attention_time, gemm_time,
                              host_issue_s, moe_time, nearest_curve, prefill_attention_time, quant_time, routing_stats)
+from .engine_kernels.calibration import ATTENTION_BACKENDS
 from .engine_kernels.common import soft_max
 from .engine_kernels.moe_runners import key_format, moe_key, runners
 from .engine_kernels.tuned_moe import tuned_mask
@@ -70,6 +71,7 @@ class AttentionRow:
     window: int = 0
     kv_dtype: str = "bf16"
     cold: bool = False
+    backend: str = ""        # an engine's other attention backend, fitted apart ("triton": SGLang's), "" its default
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class AllreduceRow:
 ROW_TYPES = {"gemm": GemmRow, "attention": AttentionRow, "moe": MoeRow, "allreduce": AllreduceRow}
 _CHOICES = {"dtype": {GemmRow: ROW_GEMM_DTYPES, MoeRow: ROW_MOE_DTYPES}, "kv_dtype": KV_DTYPES,
             "phase": ("prefill", "decode"), "impl": ("custom", "nccl"), "role": GEMM_ROLES,
-            "runner": ("",) + runners()}
+            "runner": ("",) + runners(), "backend": ("",) + ATTENTION_BACKENDS}
 _ZERO_OK = {"context", "window"}
 PASSTHROUGH = {"id", "label", "source", "measured_ms"}   # a row may carry these; they are written back untouched
 
@@ -231,7 +233,7 @@ def decode_kernel_key(kv_key: str, engine: str | None, group: float, kv_shares_s
 
 def _kv_key_parts(kv_key: str) -> tuple[str, bool, str]:
     """A group's KV key (`fp8_window_mha`) as (KV format, sliding window, decode kernel)."""
-    kernel = next((k for k in ("mha", "tc") if kv_key.endswith(f"_{k}")), "")
+    kernel = next((k for k in ("mha", "tc") + ATTENTION_BACKENDS if kv_key.endswith(f"_{k}")), "")
     kv_key = kv_key.removesuffix(f"_{kernel}") if kernel else kv_key
     return kv_key.removesuffix("_window"), kv_key.endswith("_window"), kernel
 
@@ -246,7 +248,8 @@ def attention_rows_time(cal: EngineCalibration, hw: HardwareProfile, phase: str,
                                       kernel)
         return decode_attention_time(p, hw.compute_units, hw.bandwidth, hw.l2_bytes, batch, context, heads, kv_heads,
                                      head_dim, window=window, kv_bytes=kv_bytes, resident=~np.asarray(cold, bool))
-    p = params or attention_model(cal.prefill_attention, kv_dtype, windowed, "prefill attention KV format", cal)
+    p = params or attention_model(cal.prefill_attention, kv_dtype, windowed, "prefill attention KV format", cal,
+                                  kernel)
     return prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
                                   hw.l2_bytes, batch, query, context, heads, kv_heads, head_dim, window=window,
                                   kv_bytes=kv_bytes)
@@ -285,6 +288,9 @@ def group_key(row, engine: str | None = None, decode_sets: dict | None = None) -
         return ("gemm", row.dtype)
     if isinstance(row, AttentionRow):
         kv_key = row.kv_dtype + ("_window" if row.window else "")
+        if row.backend:     # another backend's kernels: a model of their own, in either phase
+            phase = "decode" if row.phase == "decode" or _decodes(row, engine) else row.phase
+            return ("attention", phase, f"{kv_key}_{row.backend}")
         if row.phase == "decode" or _decodes(row, engine):
             return ("attention", "decode", decode_kernel_key(kv_key, engine, row.heads / row.kv_heads,
                                                              decode_sets=decode_sets))

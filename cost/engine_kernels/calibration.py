@@ -16,14 +16,19 @@ KV_FORMATS = ("bf16", "fp8", "bf16_window", "fp8_window")   # sliding-window att
 # decode sets: per KV format, and for engines with a multi-head decode kernel beside the grouped-query one
 # (cost/engines.py Engine.gqa_decode_groups) its own set, `<kv>_mha`; for FlashInfer's tensor-core decode of large
 # groups (DecodeAttentionParams.tensor_core_group) `<kv>_tc`
-DECODE_KERNELS = KV_FORMATS + tuple(f"{k}_mha" for k in KV_FORMATS) + tuple(f"{k}_tc" for k in KV_FORMATS)
+# an engine's other attention backend, fitted apart in both phases (`<kv>_triton`: SGLang's Triton kernels, which it
+# runs for attention sinks off Hopper and SM100, where its default backend has none)
+ATTENTION_BACKENDS = ("triton",)
+PREFILL_KERNELS = KV_FORMATS + tuple(f"{k}_{b}" for k in KV_FORMATS for b in ATTENTION_BACKENDS)
+DECODE_KERNELS = KV_FORMATS + tuple(f"{k}_mha" for k in KV_FORMATS) + tuple(f"{k}_tc" for k in KV_FORMATS) + \
+    tuple(f"{k}_{b}" for k in KV_FORMATS for b in ATTENTION_BACKENDS)
 MOE_FORMATS = ("bf16", "fp8", "fp8_block", "nvfp4", "int4")
 # a format's kernel model on a runner other than the engine's default one (moe_runners.py): `<format>_<runner>`
 MOE_MODELS = MOE_FORMATS + tuple(moe_key(f, r) for f in MOE_FORMATS for r in runners())
 SECTIONS = ("gemm", "quant", "elementwise", "prefill_attention", "decode_attention", "moe", "allreduce")
 # kernels an engine runs an attention with per-head sink logits (gpt-oss) through on a device whose fitted prefill
 # kernel lacks them (cost/engine_kernels/unified_attention.py)
-SINK_KERNELS = ("triton_unified",)
+SINK_KERNELS = ("triton_unified",) + ATTENTION_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,9 @@ class EngineCalibration:
                                                   # it, taken from a sibling device's fit of the same engine, or
                                                   # from another engine's fit that times the same kernel
     # {"kernel": one of SINK_KERNELS, "why": TEXT, "l2_share"?: 0-1}: where this device's fitted prefill kernel has
-    # no sink logits and the engine runs such an attention on another kernel; empty: the fitted kernel runs them
+    # no sink logits and the engine runs such an attention on another kernel (vLLM's Triton unified kernel, priced
+    # from the fitted one; or one of ATTENTION_BACKENDS, priced with its own `<kv>_<backend>` models); empty: the
+    # fitted kernel runs them
     sink_attention: dict = field(default_factory=dict)
 
     @property
@@ -112,7 +119,7 @@ def _keyed(data, where: str, allowed: tuple[str, ...], cls: type[ParamSet]) -> d
 
 
 def _carried(data, where: str) -> dict:
-    keyed = {"moe": MOE_MODELS, "gemm": GEMM_FORMATS, "prefill_attention": KV_FORMATS,
+    keyed = {"moe": MOE_MODELS, "gemm": GEMM_FORMATS, "prefill_attention": PREFILL_KERNELS,
              "decode_attention": DECODE_KERNELS}
     if not isinstance(data, dict):
         raise ValueError(f"{where}: must map 'section.format' to {{\"from\": PROFILE, \"why\": TEXT}}")
@@ -178,7 +185,7 @@ def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
         if "sink_attention" in data else {},
         gemm=_keyed(data.get("gemm", {}), f"{where}.gemm", GEMM_FORMATS, GemmParams),
         quant=optional("quant", StreamParams), elementwise=optional("elementwise", StreamParams),
-        prefill_attention=_keyed(data.get("prefill_attention", {}), f"{where}.prefill_attention", KV_FORMATS,
+        prefill_attention=_keyed(data.get("prefill_attention", {}), f"{where}.prefill_attention", PREFILL_KERNELS,
                                  PrefillAttentionParams),
         decode_attention=_keyed(data.get("decode_attention", {}), f"{where}.decode_attention", DECODE_KERNELS,
                                 DecodeAttentionParams),
