@@ -142,7 +142,8 @@ def parse_row(obj, line: int):
             choices = _CHOICES[name]
             choices = choices[cls] if isinstance(choices, dict) else choices
             if value not in choices:
-                raise RowError(f"line {line}: '{name}' must be one of {', '.join(choices)}, got {value!r}")
+                named = ", ".join(c or '"" (the engine\'s default)' for c in choices)
+                raise RowError(f"line {line}: '{name}' must be one of {named}, got {value!r}")
         values[name] = value
     row = cls(**values)
     if isinstance(row, AttentionRow):
