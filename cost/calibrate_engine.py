@@ -223,8 +223,7 @@ def _start(key: tuple, base: EngineCalibration | None):
             return replace(table.get(key[2].removesuffix("_tc")) or DecodeAttentionParams(), tensor_core_group=0)
         if key[2].endswith("_triton") and key[2] not in table:
             # another backend's kernels, first fitted: from the default backend's fit of the format
-            return table.get(key[2].removesuffix("_triton")) or \
-                (PrefillAttentionParams() if key[1] == "prefill" else DecodeAttentionParams())
+            key = (*key[:2], key[2].removesuffix("_triton"))
         if key[2].endswith("_mha") and key[2] not in table:
             # an engine's multi-head decode kernel, first fitted: from its grouped-query sibling, a CTA per query head
             plain = table.get(key[2].removesuffix("_mha")) or DecodeAttentionParams()

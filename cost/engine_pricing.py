@@ -9,7 +9,6 @@ import numpy as np
 
 from .engine_kernels import (EngineCalibration, Times, decode_attention_time, moe_time, prefill_attention_time,
                              routing_stats, stream_time)
-from .engine_kernels.calibration import ATTENTION_BACKENDS
 from .engine_kernels.tuned_moe import tuned_mask
 from .engine_kernels.unified_attention import unified_prefill_time
 from .engines import ENGINES
@@ -52,8 +51,7 @@ def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv
     window = w.window or 0
     engine = ENGINES[cal.engine]
     # an attention with sink logits on another backend of the engine's, fitted apart (SGLang's Triton kernels)
-    backend = cal.sink_attention.get("kernel") if w.has_sinks and \
-        cal.sink_attention.get("kernel") in ATTENTION_BACKENDS else ""
+    backend = cal.sink_backend if w.has_sinks else ""
     if w.query_length == 1 and (w.context_length > 0 or engine.one_token_query_decodes):
         kernel = backend or decode_kernel(kv_format + ("_window" if window > 0 else ""), cal.engine,
                                           w.heads / w.kv_heads, w.kv_shares_storage, cal.decode_attention)
@@ -107,9 +105,7 @@ def moe_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: Run
     t = moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, c.tokens, c.hidden,
                  c.inter / c.tp, c.top_k, stats.pairs, stats.active_experts, stats.padded_tiles, gated=c.gated,
                  weight_bytes=weight_bytes, local_experts=c.experts / c.ep,
-                 # Triton's tuned configuration files, not another runner's kernels
-                 tuned=tuned_mask(cal.engine, hw.key, fmt.kernel, c.experts // c.ep, c.inter // c.tp)
-                 & (fmt.model == fmt.kernel)).scalar()
+                 tuned=tuned_mask(cal.engine, hw.key, fmt.model, c.experts // c.ep, c.inter // c.tp)).scalar()
     return _kernel_time(weight_only_kernel(t, fmt, hw, moe_flops(stats.pairs, c.hidden, c.inter / c.tp, c.gated)))
 
 

@@ -211,10 +211,9 @@ def _moe_config_notes(kernels, formats, engine: str, hw: HardwareProfile, cal) -
     apart (MoeParams.large_tile_tokens)."""
     notes = []
     for k, f in zip(kernels, formats):
-        if k.moe is None or f is None or f.model != f.kernel or f.kernel not in cal.moe or \
-                cal.moe[f.kernel].large_tile_tokens < 0.5:
+        if k.moe is None or f is None or f.model not in cal.moe or cal.moe[f.model].large_tile_tokens < 0.5:
             continue
-        note = config_note(engine, hw.key, f.kernel, k.moe.experts // k.moe.ep, k.moe.inter // k.moe.tp)
+        note = config_note(engine, hw.key, f.model, k.moe.experts // k.moe.ep, k.moe.inter // k.moe.tp)
         if note and note not in notes:
             notes.append(note)
     return notes
@@ -287,9 +286,8 @@ def _attention_kernel_notes(kernels: list[Kernel], engine: str, cal) -> list[str
     label = ENGINES[engine].label
     attentions = [k.op.attention for k in kernels if k.op is not None and k.op.attention is not None]
     notes = []
-    if cal.sink_attention.get("kernel") == "triton" and any(w.has_sinks for w in attentions):
-        table = cal.prefill_attention
-        fitted = any(k.endswith("_triton") for k in table)
+    if cal.sink_backend and any(w.has_sinks for w in attentions):
+        fitted = any(k.endswith(f"_{cal.sink_backend}") for k in cal.prefill_attention)
         notes.append(f"{label} kernels: attention with sink logits on its Triton backend here, "
                      + ("priced with that backend's own kernel models, fitted on its rows of the tables"
                         if fitted else "which has no kernel model of its own here: priced with the default backend's")

@@ -26,7 +26,7 @@ from .engine_kernels import (ROUTINGS, EngineCalibration, Times, allreduce_time,
                              host_issue_s, moe_time, nearest_curve, prefill_attention_time, quant_time, routing_stats)
 from .engine_kernels.calibration import ATTENTION_BACKENDS
 from .engine_kernels.common import soft_max
-from .engine_kernels.moe_runners import key_format, moe_key, runners
+from .engine_kernels.moe_runners import key_format, moe_key, runners, split_key
 from .engine_kernels.tuned_moe import tuned_mask
 from .engines import ENGINES
 from .profile import HardwareProfile, ProfileError
@@ -263,16 +263,14 @@ def moe_rows_time(cal: EngineCalibration, hw: HardwareProfile, model: str, rows:
     stored, compute_dtype, _ = WEIGHT_FORMATS[dtype]
     weight_bytes = stored if weight_bytes is None else weight_bytes
     p = params or _need(cal.moe, model, "MoE format", cal)
-    # Triton's tuned configuration files are for its own kernel, not another runner's
-    triton = model == dtype
     stats = [routing_stats(r.distribution, r.tokens, r.experts, r.top_k, r.ep) for r in rows]
     tokens, hidden, inter, tp, top_k = _columns(rows, "tokens", "hidden", "inter", "tp", "top_k")
     return moe_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, tokens, hidden, inter / tp,
                     top_k, [s.pairs for s in stats], [s.active_experts for s in stats],
                     np.array([s.padded_tiles for s in stats]), gated=np.array([r.gated for r in rows]),
                     weight_bytes=weight_bytes, local_experts=np.array([r.experts / r.ep for r in rows]),
-                    tuned=tuned_mask(cal.engine, hw.key, dtype, [r.experts // r.ep for r in rows],
-                                     [r.inter // r.tp for r in rows]) & triton)
+                    tuned=tuned_mask(cal.engine, hw.key, model, [r.experts // r.ep for r in rows],
+                                     [r.inter // r.tp for r in rows]))
 
 
 def allreduce_rows_time(cal: EngineCalibration, impl: str, gpus: int, nbytes, curve=None) -> Times:
@@ -354,8 +352,7 @@ def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -
         by_role: dict[str, list[int]] = {}
         for i in index:
             by_role.setdefault(getattr(rows[i], "role", "experts"), []).append(i)
-        fmt = key_format(key[1]) if key[0] == "moe" else key[1]
-        runner = key[1].removeprefix(fmt).removeprefix("_")
+        fmt, runner = split_key(key[1]) if key[0] == "moe" else (key[1], "")
         for role, part in by_role.items():
             f = run_format(CHECKPOINT_FORMAT.get(fmt, fmt), role, cal.engine, hw, moe=key[0] == "moe",
                            moe_models=tuple(cal.moe), gemm_models=tuple(cal.gemm))

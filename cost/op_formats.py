@@ -179,7 +179,7 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
     parts = [f"{ROLE_LABELS.get(role, role)} {kernel} x{n}" + (f" ({label} rule)" if how == RULE else "")
              for (role, kernel, how), n in table.items()]
     notes = [f"formats ({label} on {hw.name}, kernels per step): " + ", ".join(parts)]
-    for f in {f for f in formats if f is not None and f.runner is not None}:
+    for f in dict.fromkeys(f for f in formats if f is not None and f.runner is not None):
         priced = (f"priced with that runner's own kernel model (moe.{f.model})" if f.runner_fitted else
                   f"{hw.name} has no kernel model of that runner, so it is priced with the default runner's "
                   f"(moe.{f.kernel}), which can be 2x off at large token counts")

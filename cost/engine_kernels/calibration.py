@@ -56,6 +56,12 @@ class EngineCalibration:
     sink_attention: dict = field(default_factory=dict)
 
     @property
+    def sink_backend(self) -> str:
+        """The engine backend with its own kernel models that runs an attention with sink logits here, "" if none."""
+        kernel = self.sink_attention.get("kernel", "")
+        return kernel if kernel in ATTENTION_BACKENDS else ""
+
+    @property
     def inherited_notes(self) -> list[str]:
         """Each inherited model as a note: "moe.fp8 from the NVIDIA H200 SXM fit"."""
         return [f"{key} from {where}" for key, where in self.inherited.items()]

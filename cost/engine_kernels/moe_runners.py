@@ -33,12 +33,18 @@ def moe_key(fmt: str, runner: str = "") -> str:
     return f"{fmt}_{runner}" if runner else fmt
 
 
-def key_format(key: str) -> str:
-    """The weight format of a MoE kernel model key ("fp8_block_flashinfer_trtllm" -> "fp8_block")."""
+def split_key(key: str) -> tuple[str, str]:
+    """A MoE kernel model key as (weight format, runner): "fp8_block_flashinfer_trtllm" -> ("fp8_block",
+    "flashinfer_trtllm"); a plain format has runner ""."""
     for runner in runners():
         if key.endswith(f"_{runner}"):
-            return key.removesuffix(f"_{runner}")
-    return key
+            return key.removesuffix(f"_{runner}"), runner
+    return key, ""
+
+
+def key_format(key: str) -> str:
+    """The weight format of a MoE kernel model key ("fp8_block_flashinfer_trtllm" -> "fp8_block")."""
+    return split_key(key)[0]
 
 
 def table_runner(engine: str, fmt: str, kernel_source: str) -> str:

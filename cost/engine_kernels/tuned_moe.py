@@ -33,7 +33,9 @@ def _data() -> dict:
 @lru_cache(maxsize=None)
 def tuned_shapes(engine: str, profile_key: str, dtype: str) -> frozenset | None:
     """(experts, width) pairs with a tuned configuration for this device; None where tracecost has no list for the
-    engine and format (every shape then counts as untuned). Remembered: a kernel fit asks for every evaluation."""
+    engine and format (every shape then counts as untuned). `dtype` is the MoE kernel model's key: a runner's own
+    model (`bf16_flashinfer_trtllm`, moe_runners.py) runs no Triton configuration file. Remembered: a kernel fit
+    asks for every evaluation."""
     entry = _data().get(engine)
     if not entry or dtype != "bf16":
         return None
