@@ -8,7 +8,11 @@ so their compute fractions hold the sibling's sustained clock, not this part's.
 
 `PowerLimit.matrix_clock` is that ratio: the clock this part sustains under its board limit during dense matrix
 work, as a fraction of its datasheet clock, relative to the same fraction on the device its kernel models were
-fitted on. It scales every matrix peak the cost model reads (`HardwareProfile.matrix_peak`): GEMMs, MoE experts,
+fitted on. It can exceed 1 where the fitted part is the more power-bound one: a GeForce RTX 4090 carries the L40S's
+kernel models (the same AD102 die), but its tensor cores run BF16/FP16 with FP32 accumulation at half the L40S's
+rate per clock (the datasheets' 165.2 against 362.05 TFLOPS), so a dense GEMM draws far less of its 450 W and holds
+its boost clock (it runs a 4096^3 GEMM at its datasheet rate), where the L40S's full-rate GEMMs pull its clock down
+under 350 W (its tables, at ~0.6 of its datasheet rate). It scales every matrix peak the cost model reads (`HardwareProfile.matrix_peak`): GEMMs, MoE experts,
 prefill attention. Profile section:
 
     "power_limit": {"board_w": 400, "reference_board_w": 700, "matrix_clock": 0.8, "origin": "fitted by ..."}
@@ -27,11 +31,13 @@ from .engine_kernels.params import ParamSet, param
 
 @dataclass(frozen=True)
 class PowerLimit(ParamSet):
-    matrix_clock: float = param(1.0, 0.5, 1.0, "clock sustained during dense matrix work under the board power "
+    matrix_clock: float = param(1.0, 0.5, 2.0, "clock sustained during dense matrix work under the board power "
                                                 "limit, as a fraction of the datasheet clock, relative to the "
-                                                "device the kernel models were fitted on (1: the limit does not "
-                                                "bind harder than there; 0.5: below every Hopper part's base "
-                                                "clock, about 0.6-0.7 of its datasheet clock)")
+                                                "device the kernel models were fitted on (1: the limit binds as "
+                                                "there; 0.5: below every Hopper part's base clock, about 0.6-0.7 "
+                                                "of its datasheet clock; above 1: the limit binds less than on "
+                                                "the fitted part, whose own clock fell under its limit; 2: a "
+                                                "part at its datasheet clock against one held to half of it)")
 
 
 # The cap law: matrix work is power-bound at the clocks a cap leaves (a dense GEMM draws the full board power), so

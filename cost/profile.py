@@ -242,7 +242,11 @@ def with_power_cap(profile: HardwareProfile, watts: float) -> HardwareProfile:
         clock = capped_matrix_clock(profile.matrix_clock, profile.board_w, watts, profile.name)
     except ValueError as e:
         raise ProfileError(str(e)) from None
-    origin = (f"capped at {watts:g} W of its {profile.board_w:g} W: {POWER_CAP_LAW}"
+    # the law holds where the rated power binds dense matrix work; a part priced above the fitted part's clock
+    # (matrix_clock > 1) is held by it less, so its cap costs at most what the law says
+    loose = ("; this part's rated power binds its dense matrix work less than the fitted part's, so the law gives the "
+             "most the cap can cost" if profile.matrix_clock > 1.0 else "")
+    origin = (f"capped at {watts:g} W of its {profile.board_w:g} W: {POWER_CAP_LAW}{loose}"
               + (f"; uncapped: {profile.power_origin}" if profile.power_origin else ""))
     return replace(profile, key=f"{profile.key}@{watts:g}W", path=f"{profile.path}@{watts:g}W",
                    name=f"{profile.name} at {watts:g} W", matrix_clock=clock, board_w=watts, power_origin=origin)
