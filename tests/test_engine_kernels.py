@@ -140,6 +140,18 @@ def test_gemm_model_shapes_and_weight_residency():
     assert np.allclose(vec.seconds, [float(small.seconds), float(big.seconds)])
 
 
+def test_an_output_that_fits_in_l2_is_written_there():
+    """L2 absorbs the writes of an output that fits beside the activation (l2_write_speedup); a larger output, and
+    every output at the default 1, goes to HBM."""
+    args = (142, 362e12, 864e9, 96 * 2**20)
+    absorbing, default = GemmParams(l2_write_speedup=3.0, l2_fraction=0.8), GemmParams(l2_fraction=0.8)
+    fits = dict(m=4096, n=4096, k=32)            # a 32 MB output, written by a GEMM that reads almost nothing
+    assert float(gemm_time(absorbing, *args, **fits).memory_s) < 0.5 * float(gemm_time(default, *args, **fits).memory_s)
+    spills = dict(m=8192, n=8192, k=32)          # 128 MB: more than the L2 holds
+    assert float(gemm_time(absorbing, *args, **spills).memory_s) == pytest.approx(
+        float(gemm_time(default, *args, **spills).memory_s))
+
+
 def test_fp8_kv_cache_does_not_halve_decode_time():
     hw = load_profile("h200")
     cal = hw.engine("vllm")

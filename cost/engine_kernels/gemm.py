@@ -53,6 +53,9 @@ class GemmParams(ParamSet):
     split_k_us: float = param(2.0, 0.0, 10.0, "extra cost of a split-K reduction, us")
     l2_speedup: float = param(2.0, 1.0, 8.0, "bandwidth of L2-resident operands over HBM")
     l2_fraction: float = param(0.57, 0.04, 1.0, "share of L2 that operands may fill and stay resident")
+    l2_write_speedup: float = param(1.0, 1.0, 8.0, "bandwidth of output writes L2 absorbs (the output fits beside "
+                                    "the activation: a benchmark rewrites the same buffer, and in a model step the "
+                                    "next kernel reads it from there) over HBM's; 1: every write goes to HBM")
     sustained_slowdown: float = param(1.1, 1.0, 2.0, "compute slowdown past the boost window (power limit)")
     boost_us: float = param(2000.0, 10.0, 50000.0, "how long a kernel runs at boost clocks, us")
     row_ns: float = param(0.0, 0.0, 100.0, "per output row, serial (scale epilogues), ns")
@@ -95,8 +98,9 @@ def gemm_time(p: GemmParams, compute_units: int, peak_flops: float, bandwidth: f
     capacity = l2_bytes * p.l2_fraction
     x_hot = x_bytes <= capacity
     w_hot = (copies > 0) & (x_bytes + copies * w_bytes <= capacity)
+    o_hot = x_bytes + o_bytes <= capacity
     streamed = (np.where(x_hot, x_bytes / p.l2_speedup, x_bytes) + np.where(w_hot, w_bytes / p.l2_speedup, w_bytes)
-                + o_bytes + (splits > 1) * m * n * 4.0 * splits * 2.0)
+                + np.where(o_hot, o_bytes / p.l2_write_speedup, o_bytes) + (splits > 1) * m * n * 4.0 * splits * 2.0)
     memory = streamed / (bandwidth * p.memory)
 
     reuse = tile_m * tile_n / (tile_m + tile_n)
