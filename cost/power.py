@@ -12,8 +12,10 @@ fitted on. It can exceed 1 where the fitted part is the more power-bound one: a 
 kernel models (the same AD102 die), but its tensor cores run BF16/FP16 with FP32 accumulation at half the L40S's
 rate per clock (the datasheets' 165.2 against 362.05 TFLOPS), so a dense GEMM draws far less of its 450 W and holds
 its boost clock (it runs a 4096^3 GEMM at its datasheet rate), where the L40S's full-rate GEMMs pull its clock down
-under 350 W (its tables, at ~0.6 of its datasheet rate). It scales every matrix peak the cost model reads (`HardwareProfile.matrix_peak`): GEMMs, MoE experts,
-prefill attention. Profile section:
+under 350 W (its tables, at ~0.6 of its datasheet rate).
+
+It scales every matrix peak the cost model reads (`HardwareProfile.matrix_peak`): GEMMs, MoE experts, prefill
+attention. Profile section:
 
     "power_limit": {"board_w": 400, "reference_board_w": 700, "matrix_clock": 0.8, "origin": "fitted by ..."}
 
