@@ -98,8 +98,9 @@ class HardwareProfile:
     peer_to_peer: bool = True     # the GPUs can map each other's memory (else no custom all-reduce runs)
     gpu_hour_usd: float = 0.0     # rent per GPU-hour (0: the profile states none)
     price_origin: str = ""        # its source and date
-    # a board power limit binding harder than on the device the kernel models were fitted on (cost/power.py):
-    # dense matrix work runs at this fraction of the datasheet clock; 1: no such limit
+    # a board power limit binding harder (or less) than on the device the kernel models were fitted on (cost/power.py):
+    # dense matrix work runs at this fraction of the datasheet clock, relative to the part the kernel models were
+    # fitted on; 1: the same
     matrix_clock: float = 1.0
     board_w: float = 0.0          # the board power limit (0: unstated)
     power_origin: str = ""        # where matrix_clock comes from (sourced or fitted)
@@ -190,7 +191,8 @@ class HardwareProfile:
         if self.matrix_clock >= 1.0 and not self.power_origin:
             return None
         return (f"power limit: dense matrix work on {self.name} priced at {self.matrix_clock:.3g} of the datasheet "
-                f"clock ({self.board_w:g} W board limit; {self.power_origin})")
+                f"clock, relative to the part its kernel models were fitted on ({self.board_w:g} W board limit; "
+                f"{self.power_origin})")
 
     def vector_peak(self, dtype: str) -> float:
         return self.vector_tflops.get(dtype, self.vector_tflops.get("fp32", 1.0)) * 1e12
