@@ -13,6 +13,7 @@ import numpy as np
 
 from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
                              PrefillAttentionParams, StreamParams, quant_time)
+from .engine_kernels.calibration import ATTENTION_BACKENDS
 from .engine_kernels.moe_runners import key_format
 from .kernel_db import COLLECTORS, Collector, KernelTable
 from .kernel_rows import group_rows, price_group
@@ -221,9 +222,10 @@ def _start(key: tuple, base: EngineCalibration | None):
         if key[2].endswith("_tc") and key[2] not in table:
             # FlashInfer's tensor-core decode, first fitted: from the CUDA-core kernel's fit
             return replace(table.get(key[2].removesuffix("_tc")) or DecodeAttentionParams(), tensor_core_group=0)
-        if key[2].endswith("_triton") and key[2] not in table:
+        backend = next((b for b in ATTENTION_BACKENDS if key[2].endswith(f"_{b}")), "")
+        if backend and key[2] not in table:
             # another backend's kernels, first fitted: from the default backend's fit of the format
-            key = (*key[:2], key[2].removesuffix("_triton"))
+            key = (*key[:2], key[2].removesuffix(f"_{backend}"))
         if key[2].endswith("_mha") and key[2] not in table:
             # an engine's multi-head decode kernel, first fitted: from its grouped-query sibling, a CTA per query head
             plain = table.get(key[2].removesuffix("_mha")) or DecodeAttentionParams()

@@ -357,8 +357,8 @@ def price_rows_traced(cal: EngineCalibration, hw: HardwareProfile, rows: list) -
             f = run_format(CHECKPOINT_FORMAT.get(fmt, fmt), role, cal.engine, hw, moe=key[0] == "moe",
                            moe_models=tuple(cal.moe), gemm_models=tuple(cal.gemm))
             group = [rows[i] for i in part]
-            model = moe_key(f.kernel, runner) if key[0] == "moe" and moe_key(f.kernel, runner) in cal.moe \
-                else f.kernel
+            on_runner = moe_key(f.kernel, runner)
+            model = on_runner if key[0] == "moe" and on_runner in cal.moe else f.kernel
             t = price_group(cal, hw, (key[0], model), group, weight_bytes=f.weight_bytes / f.stream_fraction)
             if f.how == WEIGHT_ONLY:
                 t = weight_only_kernel(t, f, hw, _row_flops(key[0], group))

@@ -23,6 +23,7 @@ def _data() -> dict:
     return json.loads((resources.files("cost.engine_kernels") / DATA).read_text())
 
 
+@lru_cache(maxsize=1)
 def runners() -> tuple[str, ...]:
     """Every runner some engine keeps a kernel model of its own for."""
     return tuple(sorted({r["runner"] for entry in _data().values() for r in entry["rules"]}))
