@@ -154,14 +154,17 @@ def _served_query_rows(t, fp8_kv_query: str) -> list[bool]:
             for key, query in zip(shape, queries)]
 
 
-def _attention(t, phase: str, keys_after_step: bool, backends: tuple = (),
-               fp8_kv_query: str = "bfloat16", apart: tuple = ()) -> tuple[list, list]:
-    """`apart`: backends whose rows are fitted as models of their own where the table times another one too."""
+def _attention(t, phase: str, keys_after_step: bool, backends: tuple = (), fp8_kv_query: str = "bfloat16",
+               apart: tuple = (), chunk_windows: tuple = (), chunk_backends: tuple = ()) -> tuple[list, list]:
+    """`apart`: backends whose rows are fitted as models of their own where the table times another one too.
+    `chunk_windows`: window sizes the collector sets as attention chunks; on a backend not in `chunk_backends`
+    such a row is a full-attention row."""
     rows, ms = [], []
     windows = t.get("window_size") or [0] * len(t["latency"])
     served = _served_backend_rows(t, backends)
     query_served = _served_query_rows(t, fp8_kv_query)
     sources = t.get("kernel_source") or [""] * len(t["latency"])
+    windows = [0 if w in chunk_windows and s not in chunk_backends else w for w, s in zip(windows, sources)]
     mixed = len(set(sources)) > 1
     for i, lat in enumerate(t["latency"]):
         kv = _KV.get(t["kv_cache_dtype"][i])
@@ -202,6 +205,10 @@ class Collector:
                                            # the engine's default launch runs for checkpoints of that format
                                            # there; rows of another source are dropped, and a newest table with
                                            # none of them gives way to the newest one that times them
+    chunk_windows: tuple = ()              # `window_size` values the collector applies as chunked local attention
+                                           # (Llama-4's attention_chunk_size), not as a sliding window
+    chunk_backends: tuple = ()             # backends (`kernel_source`) that run such a chunk by chunks; the others
+                                           # run the full causal kernel, and their chunk rows are full rows
 
     def keys_after_step(self, version: str) -> bool:
         return not _before(version, self.step_keys_until)
@@ -236,7 +243,12 @@ COLLECTORS = {
                         attention_backends=("fa3", "trtllm_mha", "flashinfer", "triton"),
                         # its Triton kernels time other head dims (gpt-oss's, MLA's) than the default backend's and
                         # run 1-3x apart from them: the rows of each are fitted apart
-                        attention_apart=("triton",)),
+                        attention_apart=("triton",),
+                        # its window 8192 is Llama-4's attention_chunk_size (AIConfigurator's
+                        # Llama4ForConditionalGeneration_cases.yaml). Only FA3 runs it by chunks (local-attention
+                        # virtual batches): there 16k-token prompts take 0.51 of the full rows' time; FlashInfer,
+                        # Triton and trtllm_mha time them as the full rows, 0.999-1.001 in both phases
+                        chunk_windows=(8192,), chunk_backends=("fa3",)),
     # TensorRT-LLM's PyTorch flow runs paged context FMHA (chunked prefill, KV-cache reuse: both on by default)
     # over an fp8 KV cache only as FP8 attention, an fp8 query (tensorrt_llm/_torch/attention_backend/trtllm.py
     # raises "When FP8 KV cache is being used, paged context FMHA cannot be used without FP8 attention")
@@ -338,7 +350,8 @@ def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
         if f := store.find(system, "attention", engine, table):
             add(f"{phase}_attention", f, _attention(store.read(f), phase, collector.keys_after_step(_version(f)),
                                                     collector.attention_backends, collector.fp8_kv_query,
-                                                    collector.attention_apart))
+                                                    collector.attention_apart, collector.chunk_windows,
+                                                    collector.chunk_backends))
     if files := store.find_all(system, "moe", engine, "moe_perf.parquet"):
         add_moe(files, store, collector, system, add, engine)
     if f := store.find(system, "comm", engine, "custom_allreduce_perf.parquet"):

@@ -57,3 +57,21 @@ def test_gpt_oss_attention_runs_on_sglangs_triton_backend_off_hopper_and_says_so
     # on Hopper SGLang runs gpt-oss on FA3, its default backend's fit
     h100 = estimate(t, load_profile("h100"), engine="sglang")
     assert not any("Triton backend" in n for n in h100.notes)
+
+
+def test_a_chunk_the_backend_does_not_run_by_chunks_is_a_full_attention_row():
+    # SGLang's collector sets Llama-4's attention chunk (8192) as the row's window; only FA3 runs it by chunks
+    t = _table(["triton", "fa3", "triton", "triton"])
+    t["window_size"] = [8192, 8192, 128, 0]
+    rows, _ = _attention(t, "prefill", True, chunk_windows=(8192,), chunk_backends=("fa3",))
+    assert [r.window for r in rows] == [0, 8192, 128, 0]
+    # without the collector's word a window is a window
+    plain, _ = _attention(t, "prefill", True)
+    assert [r.window for r in plain] == [8192, 8192, 128, 0]
+
+
+def test_sglangs_collector_names_llama4s_chunk_and_the_backend_that_runs_it():
+    from cost.kernel_db import COLLECTORS
+    sglang = COLLECTORS["sglang"]
+    assert sglang.chunk_windows == (8192,) and sglang.chunk_backends == ("fa3",)
+    assert COLLECTORS["vllm"].chunk_windows == () and COLLECTORS["trtllm"].chunk_windows == ()
