@@ -42,7 +42,13 @@ KV_DTYPES = ("bf16", "fp8")
 # weight bytes, the matrix-unit dtype, and the quantized activation's bytes (None: bf16 activations)
 WEIGHT_FORMATS = {"bf16": (2.0, "bf16", None), "fp8": (1.0, "fp8", 1.0), "fp8_block": (1.0, "fp8", 1.0),
                   "nvfp4": (0.5625, "fp4", 0.5625), "int4": (0.5, "bf16", None)}
-TABLE_WEIGHT_COPIES = {"bf16": 6, "fp8": 6, "fp8_block": 1, "nvfp4": 1}
+# the weight copies a kernel table's GEMM benchmark cycles through per format, by the engine whose collector timed it
+# (AIConfigurator's collector/<engine>/collect_gemm.py): a row's weights stay in L2 when its copies fit there.
+# vLLM: 6, one for block-fp8 and nvfp4; SGLang: 6 (fewer only where six would not fit in 45% of the GPU's memory);
+# TensorRT-LLM: 5 (min(5, ceil(L2 / weight bytes)) since its 1.3.0rc20 tables, which keeps the same rows in L2)
+TABLE_WEIGHT_COPIES = {"vllm": {"bf16": 6, "fp8": 6, "fp8_block": 1, "nvfp4": 1},
+                       "sglang": {"bf16": 6, "fp8": 6, "fp8_block": 6, "nvfp4": 6},
+                       "trtllm": {"bf16": 5, "fp8": 5, "fp8_block": 5, "nvfp4": 5}}
 
 
 class RowError(ValueError):
@@ -182,7 +188,7 @@ def gemm_rows_time(cal: EngineCalibration, hw: HardwareProfile, dtype: str, m, n
     stored, compute_dtype, quant_bytes = WEIGHT_FORMATS[dtype]
     weight_bytes = stored if weight_bytes is None else weight_bytes
     p = params or _need(cal.gemm, dtype, "GEMM format", cal)
-    copies = np.where(cold, 0.0, TABLE_WEIGHT_COPIES.get(dtype, 1))
+    copies = np.where(cold, 0.0, TABLE_WEIGHT_COPIES.get(cal.engine, TABLE_WEIGHT_COPIES["vllm"]).get(dtype, 1))
     t = gemm_time(p, hw.compute_units, hw.matrix_peak(compute_dtype), hw.bandwidth, hw.l2_bytes, m, n, k,
                   act_bytes=quant_bytes or 2.0, weight_bytes=weight_bytes, resident_weight_copies=copies)
     if quant_bytes is not None and not quant_fused:

@@ -152,6 +152,28 @@ def test_an_output_that_fits_in_l2_is_written_there():
         float(gemm_time(default, *args, **spills).memory_s))
 
 
+def test_a_table_row_cycles_the_weight_copies_of_the_collector_that_timed_it():
+    """TensorRT-LLM's collector cycles five weight copies, vLLM's and SGLang's six: on L40S (96 MB of L2) five
+    copies of a 16 MB weight stay in L2 and six do not, so the same row prices faster as TensorRT-LLM's."""
+    from dataclasses import replace
+    from cost.kernel_rows import TABLE_WEIGHT_COPIES, gemm_rows_time
+    assert {e: c["bf16"] for e, c in TABLE_WEIGHT_COPIES.items()} == {"vllm": 6, "sglang": 6, "trtllm": 5}
+    hw = load_profile("l40s")
+    trt = hw.engine("trtllm")
+    p = trt.gemm["bf16"]
+    assert 5 * 16.8e6 <= p.l2_fraction * hw.l2_bytes < 6 * 16.8e6     # the shape below sits between the two
+    as_vllm = replace(trt, engine="vllm")
+    shape = (np.array([1, 4096]), 4096, 2048, np.array([False, False]))  # a 16.8 MB bf16 weight
+    t_trt = gemm_rows_time(trt, hw, "bf16", *shape).seconds
+    t_vllm = gemm_rows_time(as_vllm, hw, "bf16", *shape).seconds
+    assert t_trt[0] < 0.8 * t_vllm[0]                      # one row: the weights stream from L2
+    assert t_trt[1] == pytest.approx(t_vllm[1], rel=0.02)  # 4096 rows: compute-bound either way
+    # in a model step every layer's weights stream from HBM (cold), whoever collected the tables
+    cold = (np.array([1]), 4096, 2048, np.array([True]))
+    assert gemm_rows_time(trt, hw, "bf16", *cold).seconds[0] == pytest.approx(
+        gemm_rows_time(as_vllm, hw, "bf16", *cold).seconds[0])
+
+
 def test_fp8_kv_cache_does_not_halve_decode_time():
     hw = load_profile("h200")
     cal = hw.engine("vllm")
