@@ -297,6 +297,13 @@ def _attention_kernel_notes(kernels: list[Kernel], engine: str, cal) -> list[str
                      f"prefill priced as that kernel's key and value re-reads, one per 16 query rows, where they take "
                      f"longer than the fitted prefill kernel (cost/engine_kernels/unified_attention.py); decode on the "
                      f"fitted decode model ({cal.sink_attention['why']})")
+    chunked = [w for w in attentions if w.chunk and w.context_length + w.query_length > w.chunk]
+    if chunked:
+        w = chunked[0]
+        notes.append(f"{label} kernels: chunked local attention (a chunk of {w.chunk} tokens) priced as full causal "
+                     f"attention over all {w.context_length + w.query_length} keys: the kernel models have no chunks. "
+                     f"SGLang runs it so off Hopper; vLLM and SGLang's FA3 run it by chunks, where this attention comes "
+                     f"out slow (docs/hardware.md, \"SGLang's window of 8192 is Llama-4's attention chunk\")")
     rule = ENGINES[engine].mla_prefill
     mla = [w.expanded_head_dims for w in attentions if w.expanded_head_dims]
     if rule and mla:

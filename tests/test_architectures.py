@@ -138,6 +138,17 @@ def test_llama4_experts_routed_and_chunked_attention(tmp_path):
     assert chunked_pairs(5, 0, 100) == causal_pairs(5, 0)
 
 
+def test_engine_pricing_says_a_binding_chunk_is_priced_as_full_attention(tmp_path):
+    from cost.estimate import estimate
+    from cost.profile import load_profile
+    model = resolve_model(tiny(tmp_path, "llama4_text"))
+    beyond = estimate(trace(model, Request(1, 8, 40)), load_profile("h100"), engine="vllm")   # 48 keys, chunk 16
+    assert any("chunked local attention (a chunk of 16 tokens) priced as full causal attention over all 48 keys"
+               in n for n in beyond.notes), beyond.notes
+    within = estimate(trace(model, Request(1, 4, 8)), load_profile("h100"), engine="vllm")    # 12 keys: no effect
+    assert not any("chunked local attention" in n for n in within.notes)
+
+
 def test_config_reload_with_infinity(tmp_path):
     """transformers writes time_step_limit = (0, inf) as {"__float__": "Infinity"}; it reads back as inf."""
     folder = tiny(tmp_path, "mamba2")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 
 import pytest
 
@@ -165,11 +166,16 @@ def test_published_gpu_names_map_to_the_new_profiles():
         assert load_profile(DEVICES[name]).key == DEVICES[name]
 
 
-def test_origin_names_the_fitted_sibling():
+def test_origin_names_the_fitted_sibling(tmp_path):
     from cost.provenance import kernel_origin
     fitted = kernel_origin(load_profile("h100"), "vllm")
     assert not fitted.carried_over and fitted.headline() is None
-    b200 = kernel_origin(load_profile("b200"), "trtllm")     # this device's vLLM fit
+    assert not kernel_origin(load_profile("b200"), "trtllm").carried_over     # fitted on its own tables
+    # a profile without a TensorRT-LLM section prices it on this device's vLLM fit, and says so
+    data = json.loads((Path(__file__).parents[1] / "hw_profiles" / "b200.json").read_text())
+    del data["engines"]["trtllm"]
+    (tmp_path / "b200.json").write_text(json.dumps(data))
+    b200 = kernel_origin(load_profile(str(tmp_path / "b200.json")), "trtllm")
     assert b200.carried_over and b200.fitted_on == "NVIDIA B200 (HGX)" and b200.kernels_engine == "vllm"
     assert b200.headline() == ("carried over: TensorRT-LLM kernel models on NVIDIA B200 (HGX) are vLLM's fit "
                                "(no TensorRT-LLM fit on this device)")
@@ -240,7 +246,7 @@ def test_hw_profiles_shows_the_fit_per_engine():
     line = next(l for l in out.splitlines() if l.startswith("b300 "))
     assert "vllm fitted" in line and "sglang fitted" in line and "trtllm fitted" in line
     line = next(l for l in out.splitlines() if l.startswith("b200 "))
-    assert "vllm fitted" in line and "sglang fitted" in line and "trtllm from this device (vllm)" in line
+    assert "vllm fitted" in line and "sglang fitted" in line and "trtllm fitted" in line
     line = next(l for l in out.splitlines() if l.startswith("gh200 "))
     assert "vllm from h200, sglang from h200, trtllm from h200" in line
     line = next(l for l in out.splitlines() if l.startswith("h100 "))
@@ -300,7 +306,7 @@ def test_disaggregated_kv_moves_on_nvlink_inside_the_domain(device, link):
                                             ("b300_sxm", "sglang"), ("b300_sxm", "trtllm"),
                                             ("rtx_pro_6000_server", "vllm"), ("rtx_pro_6000_server", "sglang"),
                                             ("rtx_pro_6000_server", "trtllm"), ("b200_sxm", "sglang"),
-                                            ("l40s", "trtllm"), ("gb300", "trtllm")])
+                                            ("l40s", "trtllm"), ("gb300", "trtllm"), ("b200_sxm", "trtllm")])
 def test_nvl72_fits_predict_held_out_table_rows(system, engine):
     """Fitted on a seeded half of AIConfigurator 0.12's tables; these rows are from the other half."""
     import numpy as np
