@@ -5,6 +5,8 @@ In a model step every layer reads its own weights and KV cache, so weights and K
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .engine_kernels import (EngineCalibration, Times, decode_attention_time, moe_time, prefill_attention_time,
@@ -44,8 +46,29 @@ def weight_only_kernel(t: Times, fmt: RunFormat, hw: HardwareProfile, flops) -> 
     return Times(np.maximum(seconds, ceiling + fixed), np.maximum(t.compute_s, ceiling), t.memory_s, fixed)
 
 
+def chunk_segments(query_length: int, context_length: int, chunk: int) -> list[tuple[int, int, int]]:
+    """A chunked-attention step as the virtual sequences an engine runs it in: (query, context, count), one per
+    piece of [context, context + query) that lies in one chunk, each over the keys of its chunk before it."""
+    counts: dict[tuple[int, int], int] = {}
+    p, end = context_length, context_length + query_length
+    while p < end:
+        stop = min(end, (p // chunk + 1) * chunk)
+        counts[(stop - p, p % chunk)] = counts.get((stop - p, p % chunk), 0) + 1
+        p = stop
+    return [(q, c, n) for (q, c), n in counts.items()]
+
+
 def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
     w = k.op.attention
+    if w.chunk and ENGINES[cal.engine].runs_attention_chunks and w.context_length + w.query_length > w.chunk:
+        parts = [_attention_time(replace(w, batch=w.batch * n, query_length=q, context_length=c, chunk=None),
+                                 hw, cal, kv_bytes)
+                 for q, c, n in chunk_segments(w.query_length, w.context_length, w.chunk)]
+        return KernelTime(*(sum(getattr(t, f) for t in parts) for f in ("seconds", "compute_s", "memory_s", "fixed_s")))
+    return _attention_time(w, hw, cal, kv_bytes)
+
+
+def _attention_time(w, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
     kv_format = "fp8" if kv_bytes <= 1 else "bf16"
     element = 1.0 if kv_format == "fp8" else 2.0    # the bytes of a cached K or V element the kernels read
     window = w.window or 0

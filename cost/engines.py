@@ -81,6 +81,9 @@ class Engine:
     one_token_query_decodes: bool = False
     # how it prefills MLA (DeepSeek): None, absorbed as it decodes
     mla_prefill: MlaPrefill | None = None
+    # chunked local attention (Llama-4) runs by chunks, each query over its own chunk's keys; False: the engine's
+    # kernels run such a layer as full causal attention, or tracecost does not know that they do not
+    runs_attention_chunks: bool = False
 
     def decode_kernel(self, group: float, kv_shares_storage: bool = False) -> str:
         """'mha' where the engine runs a query-head group's decode on its multi-head kernel, else ''. MLA's absorbed
@@ -129,8 +132,10 @@ ENGINES: dict[str, Engine] = {
     # vLLM's context-attention rows of one-token prompts are timed on FlashInfer's decode kernel
     # (kernel_source vllm_flashinfer_fidecode / vllm_flashinfer_trtllmdecode), on the same FlashAttention call as
     # its decode rows elsewhere. SGLang (an extend batch) and TensorRT-LLM (a context request) prefill them.
+    # vLLM wraps whichever backend it runs in virtual batches, one per chunk a sequence spans
+    # (vllm/attention/layers/chunked_local_attention.py, make_local_attention_virtual_batches)
     "vllm": Engine("vllm", "vLLM", custom_allreduce_max_bytes=8 * 2**20, own_chat_renderers=("gpt_oss",),
-                   one_token_query_decodes=True,
+                   one_token_query_decodes=True, runs_attention_chunks=True,
                    mla_prefill=MlaPrefill("vllm/v1/attention/backends/mla/common.py: prefills run flash_attn_varlen "
                                           "over K and V up-projected by kv_b_proj (the cached context chunk by chunk, "
                                           "_compute_prefill_context); decodes the absorbed kernel (FlashMLA)")),

@@ -298,12 +298,16 @@ def _attention_kernel_notes(kernels: list[Kernel], engine: str, cal) -> list[str
                      f"longer than the fitted prefill kernel (cost/engine_kernels/unified_attention.py); decode on the "
                      f"fitted decode model ({cal.sink_attention['why']})")
     chunked = [w for w in attentions if w.chunk and w.context_length + w.query_length > w.chunk]
-    if chunked:
+    if chunked and ENGINES[engine].runs_attention_chunks:
+        notes.append(f"{label} kernels: chunked local attention (a chunk of {chunked[0].chunk} tokens) priced by "
+                     f"chunks, as {label} runs it: each piece of a sequence in one chunk a virtual sequence over its "
+                     f"chunk's keys")
+    elif chunked:
         w = chunked[0]
         notes.append(f"{label} kernels: chunked local attention (a chunk of {w.chunk} tokens) priced as full causal "
-                     f"attention over all {w.context_length + w.query_length} keys: the kernel models have no chunks. "
-                     f"SGLang runs it so off Hopper; vLLM and SGLang's FA3 run it by chunks, where this attention comes "
-                     f"out slow (docs/hardware.md, \"SGLang's window of 8192 is Llama-4's attention chunk\")")
+                     f"attention over all {w.context_length + w.query_length} keys: SGLang runs it so off Hopper; "
+                     f"where an engine runs it by chunks (SGLang's FA3) this attention comes out slow "
+                     f"(docs/hardware.md, \"An engine's chunked attention\")")
     rule = ENGINES[engine].mla_prefill
     mla = [w.expanded_head_dims for w in attentions if w.expanded_head_dims]
     if rule and mla:

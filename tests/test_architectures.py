@@ -138,15 +138,50 @@ def test_llama4_experts_routed_and_chunked_attention(tmp_path):
     assert chunked_pairs(5, 0, 100) == causal_pairs(5, 0)
 
 
-def test_engine_pricing_says_a_binding_chunk_is_priced_as_full_attention(tmp_path):
+def test_chunk_segments_are_the_virtual_sequences_of_a_chunked_step():
+    from cost.engine_pricing import chunk_segments
+    assert chunk_segments(8, 40, 16) == [(8, 8, 1)]                       # positions 40-47, all in chunk 2
+    assert chunk_segments(40, 0, 16) == [(16, 0, 2), (8, 0, 1)]           # a 40-token prompt: two whole chunks
+    assert chunk_segments(20, 10, 16) == [(6, 10, 1), (14, 0, 1)]
+    assert chunk_segments(1, 33, 16) == [(1, 1, 1)]                       # a decode sees its chunk's keys only
+    for q, c in [(8, 40), (40, 0), (20, 10), (1, 33), (100, 7)]:          # the pairs the tracer counts
+        assert sum(n * causal_pairs(sq, sc) for sq, sc, n in chunk_segments(q, c, 16)) == chunked_pairs(q, c, 16)
+
+
+def test_engine_pricing_of_a_binding_chunk_says_how_it_is_priced(tmp_path):
     from cost.estimate import estimate
     from cost.profile import load_profile
     model = resolve_model(tiny(tmp_path, "llama4_text"))
-    beyond = estimate(trace(model, Request(1, 8, 40)), load_profile("h100"), engine="vllm")   # 48 keys, chunk 16
+    t = trace(model, Request(1, 8, 40))                          # 48 keys over chunks of 16
+    vllm = estimate(t, load_profile("h100"), engine="vllm")
+    assert any("chunked local attention (a chunk of 16 tokens) priced by chunks" in n for n in vllm.notes), vllm.notes
+    sglang = estimate(t, load_profile("h100"), engine="sglang")
     assert any("chunked local attention (a chunk of 16 tokens) priced as full causal attention over all 48 keys"
-               in n for n in beyond.notes), beyond.notes
+               in n for n in sglang.notes), sglang.notes
     within = estimate(trace(model, Request(1, 4, 8)), load_profile("h100"), engine="vllm")    # 12 keys: no effect
     assert not any("chunked local attention" in n for n in within.notes)
+
+
+def test_vllm_prices_a_long_chunked_prompt_below_full_attention(tmp_path, monkeypatch):
+    """A 32k prompt over chunks of 8192 is four chunks' causal attention, a quarter of the full prompt's pairs."""
+    from dataclasses import replace
+    from cost import engines
+    from cost import estimate as estimate_module
+    from cost.estimate import estimate
+    from cost.profile import load_profile
+    chunked = resolve_model(tiny(tmp_path, "llama4_text", num_attention_heads=32, num_key_value_heads=8,
+                                 head_dim=128, hidden_size=4096, attention_chunk_size=8192))
+    t = trace(chunked, Request(1, 32768, 0))
+    hw = load_profile("h100")
+    def attention_s(engine):
+        e = estimate(t, hw, engine=engine)
+        return sum(p.total_seconds for p in e.kernels if p.kernel.op is not None
+                   and p.kernel.op.attention is not None and p.kernel.op.attention.chunk)
+    by_chunks = attention_s("vllm")
+    monkeypatch.setitem(engines.ENGINES, "vllm", replace(engines.ENGINES["vllm"], runs_attention_chunks=False))
+    monkeypatch.setattr(estimate_module, "_PRICE_CACHE", {})
+    full = attention_s("vllm")
+    assert 0.2 < by_chunks / full < 0.35, (by_chunks, full)
 
 
 def test_config_reload_with_infinity(tmp_path):
