@@ -5,6 +5,7 @@ In a model step every layer reads its own weights and KV cache, so weights and K
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -49,18 +50,18 @@ def weight_only_kernel(t: Times, fmt: RunFormat, hw: HardwareProfile, flops) -> 
 def chunk_segments(query_length: int, context_length: int, chunk: int) -> list[tuple[int, int, int]]:
     """A chunked-attention step as the virtual sequences an engine runs it in: (query, context, count), one per
     piece of [context, context + query) that lies in one chunk, each over the keys of its chunk before it."""
-    counts: dict[tuple[int, int], int] = {}
+    counts: Counter[tuple[int, int]] = Counter()
     p, end = context_length, context_length + query_length
     while p < end:
         stop = min(end, (p // chunk + 1) * chunk)
-        counts[(stop - p, p % chunk)] = counts.get((stop - p, p % chunk), 0) + 1
+        counts[stop - p, p % chunk] += 1
         p = stop
     return [(q, c, n) for (q, c), n in counts.items()]
 
 
 def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
     w = k.op.attention
-    if w.chunk and ENGINES[cal.engine].runs_attention_chunks and w.context_length + w.query_length > w.chunk:
+    if w.chunk_binds and ENGINES[cal.engine].runs_attention_chunks:
         parts = [_attention_time(replace(w, batch=w.batch * n, query_length=q, context_length=c, chunk=None),
                                  hw, cal, kv_bytes)
                  for q, c, n in chunk_segments(w.query_length, w.context_length, w.chunk)]

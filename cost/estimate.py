@@ -297,7 +297,7 @@ def _attention_kernel_notes(kernels: list[Kernel], engine: str, cal) -> list[str
                      f"prefill priced as that kernel's key and value re-reads, one per 16 query rows, where they take "
                      f"longer than the fitted prefill kernel (cost/engine_kernels/unified_attention.py); decode on the "
                      f"fitted decode model ({cal.sink_attention['why']})")
-    chunked = [w for w in attentions if w.chunk and w.context_length + w.query_length > w.chunk]
+    chunked = [w for w in attentions if w.chunk_binds]
     if chunked and ENGINES[engine].runs_attention_chunks:
         notes.append(f"{label} kernels: chunked local attention (a chunk of {chunked[0].chunk} tokens) priced by "
                      f"chunks, as {label} runs it: each piece of a sequence in one chunk a virtual sequence over its "

@@ -160,11 +160,11 @@ def _attention(t, phase: str, keys_after_step: bool, backends: tuple = (), fp8_k
     `chunk_windows`: window sizes the collector sets as attention chunks; on a backend not in `chunk_backends`
     such a row is a full-attention row."""
     rows, ms = [], []
-    windows = t.get("window_size") or [0] * len(t["latency"])
     served = _served_backend_rows(t, backends)
     query_served = _served_query_rows(t, fp8_kv_query)
     sources = t.get("kernel_source") or [""] * len(t["latency"])
-    windows = [0 if w in chunk_windows and s not in chunk_backends else w for w, s in zip(windows, sources)]
+    windows = [0 if w in chunk_windows and s not in chunk_backends else w
+               for w, s in zip(t.get("window_size") or [0] * len(t["latency"]), sources)]
     mixed = len(set(sources)) > 1
     for i, lat in enumerate(t["latency"]):
         kv = _KV.get(t["kv_cache_dtype"][i])

@@ -45,6 +45,11 @@ class AttentionWork:
     # the form serving engines prefill in (cost/engines.py MlaPrefill); None: not MLA
     expanded_head_dims: tuple[int, int] | None = None
 
+    @property
+    def chunk_binds(self) -> bool:
+        """The step's keys span more than one chunk, so its queries see fewer keys than full causal attention's."""
+        return bool(self.chunk) and self.context_length + self.query_length > self.chunk
+
 
 @dataclass(frozen=True)
 class ExpertsWork:
