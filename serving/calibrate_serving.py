@@ -265,6 +265,7 @@ def usable_rows(rows: list[ServingMeasurement], hw: HardwareProfile, engine: str
         why = None if same else f"device {m.device}"
         if why is None and m.engine != engine:
             why = f"engine {m.engine}"
+        why = why or m.unpriced or None
         if why is None and not m.measured:
             why = "no measured metric"
         if why is None:

@@ -126,6 +126,7 @@ class ServingMeasurement:
     filled: tuple[str, ...] = ()                    # fields taken from RunFacts, not from the file
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
     chat_requests: bool = False  # sent as chat completions (`vllm bench serve --backend openai-chat`)
+    unpriced: str = ""           # why tracecost cannot price this run (a development-set row the predictor refuses)
 
     @property
     def streams(self) -> bool:
@@ -281,12 +282,15 @@ def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement
               "launcher": r.get("engine")}
     # the row as the development-set predictor reads it (serving/published_rows.py map_row): its bundled model, the
     # profile and topology of its GPUs, and the weight and KV formats its checkpoint and flags state
-    run, _ = map_row(r)
-    lengths = None
-    if run is not None:
-        stated.update(model=run.model, device=run.device.partition("@")[0], dtype=run.dtype, kv_dtype=run.kv_dtype)
-        lengths = run.lengths
-    return replace(_record(where, "devset", stated, facts, measured, load, value), lengths=lengths)
+    run, why = map_row(r)
+    if run is None:
+        # kept with why not, for the fit to count and skip (bench/e2e_accuracy.py skips it the same way); what the
+        # row leaves unstated is no error then
+        stated.update({k: "?" if k in ("model", "device") else 0.0
+                       for k in ("model", "device", "isl", "osl") if stated[k] is None})
+        return replace(_record(where, "devset", stated, facts, measured, load, value), unpriced=why)
+    stated.update(model=run.model, device=run.device.partition("@")[0], dtype=run.dtype, kv_dtype=run.kv_dtype)
+    return replace(_record(where, "devset", stated, facts, measured, load, value), lengths=run.lengths)
 
 
 def _devset(text: str, where: str, facts: RunFacts) -> list[ServingMeasurement]:

@@ -13,7 +13,7 @@ from cost.engine_kernels import gemm_time
 from cost.engine_kernels.device_fit import DeviceScaling, scale_params
 from cost.engines import ServingOverheads
 from cost.profile import ProfileError, load_profile, parse_profile, profiles_dir
-from serving.calibrate_serving import Fit, ServingModel, with_scaling
+from serving.calibrate_serving import Fit, ServingModel, usable_rows, with_scaling
 from serving.measurements import (BATCH, CONCURRENCY, MAX, RATE, MeasurementError, RunFacts, ServingMeasurement,
                                   load_file, parse_engine_flags)
 
@@ -64,6 +64,24 @@ def test_devset_rows():
     assert batch.measured == {"e2e_latency_ms": 19088.59} and not batch.filled   # the row says everything
     thr = next(m for m in rows if m.load == MAX)
     assert thr.settings.max_batched_tokens == 131072 and thr.settings.chunked_prefill is False
+
+
+def test_devset_rows_the_predictor_refuses_are_skipped_with_why(tmp_path):
+    """A development file holds rows tracecost cannot price (no lengths, an attention-DP layout, an mxfp4 row it
+    reads only through its checkpoint): the fit skips them, counted with the predictor's reason, and fits the rest."""
+    good = json.loads((DATA / "mi300x_vllm066_rows.jsonl").read_text().splitlines()[0])
+    no_lengths = {**good, "id": "x-no-lengths", "isl": None, "osl": None}
+    attention_dp = {**good, "id": "x-adp", "attention_dp": True, "precision": "mxfp4 (native checkpoint)"}
+    f = tmp_path / "rows.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in (good, no_lengths, attention_dp)))
+    rows = load_file(str(f))
+    assert [m.unpriced for m in rows] == ["", "lengths not stated",
+                                          "layout not priced (pipeline, disaggregated or attention-DP)"]
+    logged = []
+    kept = usable_rows(rows, load_profile("mi300x"), "vllm", logged.append)
+    assert [m.id for m in kept] == [good["id"]]
+    assert sorted(logged) == ["skipped 1 rows: layout not priced (pipeline, disaggregated or attention-DP)",
+                              "skipped 1 rows: lengths not stated"]
 
 
 @pytest.mark.parametrize("text, error", [
