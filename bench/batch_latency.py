@@ -19,42 +19,27 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serving.batch_latency import static_batch  # noqa: E402
 from serving.published import Predictor, load_published  # noqa: E402
 
 DEFAULT_DATA = str(Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e" / "mlperf_rocm_dev.jsonl")
 SOURCE = "rocm_vllm_devdocker_latency"
 
 
-# vLLM before 0.8 runs its V0 engine, which on ROCm does not turn chunked prefill on for long-context models
-# (vllm/engine/arg_utils.py EngineArgs.create_engine_config, 0.6-0.7: `... and not current_platform.is_rocm()`),
-# so benchmark_latency's LLM prefills whole prompts, up to max(max_model_len, 2048) tokens a step
-# (vllm/config.py SchedulerConfig.__post_init__), and runs at most 256 sequences (EngineArgs.max_num_seqs)
-V0_RELEASES = ("0.5", "0.6", "0.7")
-LLAMA_31_MAX_MODEL_LEN = 131072     # max_position_embeddings of the Llama-3.1 configs these rows run
-
-
-def scheduler(run, limits, chunked: bool | None) -> tuple[int, int, bool, str]:
-    """(tokens per step, sequences, chunked prefill, which rule) the row's engine scheduled with."""
-    if chunked is None and run.release in V0_RELEASES:
-        return max(LLAMA_31_MAX_MODEL_LEN, 2048), 256, False, "V0 on ROCm: whole prompts"
-    return limits.max_batched_tokens, limits.max_num_seqs, \
-        limits.chunked_prefill if chunked is None else chunked, "the engine's defaults"
-
-
 def predict_rows(data: str, chunked: bool | None) -> list[dict]:
     runs, _ = load_published(data)
     predictor, out = Predictor(), []
     for run in (r for r in runs if r.source_kind == SOURCE and "e2e_latency_ms" in r.measured):
-        cost = predictor.cost(run)
-        tokens, seqs, chunks, rule = scheduler(run, predictor.limits(run, cost), chunked)
-        walk = static_batch(cost, run.load.requests, run.isl, run.osl, tokens, seqs, chunks)
+        if chunked is not None:      # every row chunked, or none, at the engine's budget
+            run = replace(run, chunked_prefill=chunked)
+        rule = predictor.batch_scheduler(run, predictor.cost(run))[3]
+        walk = predictor.batch(run)
         predicted = walk.latency_s * 1e3
         out.append({"id": run.id, "model": run.model, "release": f"vllm {run.release}", "batch": run.load.requests,
                     "isl": run.isl, "osl": run.osl, "measured_ms": run.measured["e2e_latency_ms"],

@@ -11,8 +11,10 @@ not say. Fitted, each within its physical range:
   per kernel), written to the profile's `engines.serving_fit` with their source;
 - the engine's overheads named by --overheads (cost/engines.py ServingOverheads), written to --overheads-output in
   cost/engine_serving.json's format.
-The loss is the squared log error of every measured metric (each row weighted alike), minimized by bounded least
-squares; each number's uncertainty is its standard error from the Jacobian at the optimum (s^2 (J^T J)^-1).
+Each run is priced exactly as the commands and bench/e2e_accuracy.py price it (serving/published.py Predictor), so
+the fit tunes the model users get. The loss is the squared log error of every measured metric (each row weighted
+alike), minimized by bounded least squares; each number's uncertainty is its standard error from the Jacobian at
+the optimum (s^2 (J^T J)^-1).
 `--fit-on TEXT` fits the rows whose id or engine version contains TEXT and reports the error on the others.
 """
 from __future__ import annotations
@@ -32,111 +34,63 @@ import numpy as np
 from cost.engine_kernels.device_fit import DeviceScaling
 from cost.engines import ENGINES, ServingOverheads
 from cost.power import PowerLimit
-from cost.estimate import Parallelism
-from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_dir, with_power_cap, with_topology
+from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_dir
 from tracer.model_source import ModelError, resolve_model
-from tracer.work import TraceOptions
 
-from .lengths import bundled_for_run
-from .capacity import on_demand_kv, output_kv_share
-from .measurements import BATCH, CONCURRENCY, MAX, MeasurementError, RunFacts, ServingMeasurement, load_files
-from .published_rows import MODELS
-from .steady_state import Limits, Load, solve
+from .measurements import BATCH, CONCURRENCY, MAX, RATE, MeasurementError, RunFacts, ServingMeasurement, load_files
+from .published import Predictor
+from .published_rows import MODELS, PublishedRun, stated_release
+from .steady_state import Load
 from .step_cost import StepCost
 
 METRICS = ("output_tok_s", "ttft_ms", "tpot_ms", "e2e_latency_ms")
 DEFAULT_OVERHEADS = ("step_us", "seq_us")
-DECODE_SAMPLES = 9    # decode steps of a batch priced at this many contexts, integrated between them
 
 
 class ServingModel:
-    """Predicts measurements on one device profile, with one set of engine overheads."""
+    """Predicts measurements on one device profile, with one set of engine overheads, exactly as every command and
+    bench/e2e_accuracy.py predict a run (serving/published.py Predictor): a fit tunes the model users get."""
 
     def __init__(self, hw: HardwareProfile, overheads: ServingOverheads | None = None):
         self.hw, self.overheads = hw, overheads
-        self._costs: dict = {}
+        self.predictor = Predictor(hw)
 
     def set_overheads(self, overheads: ServingOverheads) -> None:
         """New engine overheads; the kernel prices stay (they do not depend on them)."""
         self.overheads = overheads
-        for cost in self._costs.values():
-            cost.overheads = overheads
 
     def cost(self, m: ServingMeasurement) -> StepCost:
-        # a run whose system joins its GPUs otherwise ("h100nvl:pcie": no NVLink bridges) prices its collectives
-        # on that topology of the profile being fitted, and one that states a board power cap (MLPerf's MaxQ
-        # power_limit=500) at that cap of it
-        topology = m.device.rpartition(":")[2] if ":" in m.device else ""
-        cap = m.settings.power_limit_w
-        key = (m.model, m.engine, m.dtype, m.kv_dtype, m.tp, topology, cap, m.streams)
-        if key not in self._costs:
-            spec = resolve_model(MODELS.get(m.model, m.model))
-            options = TraceOptions(dtype=m.dtype, kv_cache_dtype=m.kv_dtype)
-            hw = with_topology(self.hw, topology) if topology and not self.hw.topology else self.hw
-            hw = with_power_cap(hw, cap) if cap else hw
-            self._costs[key] = StepCost(spec, hw, options, "engine", Parallelism(m.tp), m.engine, self.overheads,
-                                        streams=m.streams)
-        return self._costs[key]
+        return self.predictor.cost(published_run(m))
 
     def predict(self, m: ServingMeasurement) -> dict[str, float]:
-        cost = self.cost(m)
-        base = cost.overheads
-        # --num-scheduler-steps k: vLLM's multi-step scheduling runs the scheduler once per k decode steps
-        # (vllm/worker/multi_step_model_runner.py)
-        cost.overheads = replace(base, step_us=base.step_us / max(1, m.settings.scheduler_steps))
-        try:
-            return self._predict(cost, m)
-        finally:
-            cost.overheads = base
-
-    def _limits(self, cost: StepCost, m: ServingMeasurement) -> Limits:
-        d, s = cost.defaults, m.settings
-        tokens = s.max_batched_tokens or d.max_batched_tokens
-        seqs = s.max_num_seqs or d.max_num_seqs
-        kv = cost.replica_memory(tokens, s.memory_fraction, seqs).kv_tokens
-        return Limits(seqs, tokens, kv,
-                      d.chunked_prefill if s.chunked_prefill is None else s.chunked_prefill,
-                      output_kv_share=output_kv_share(m.engine, s.capacity_scheduler),
-                      on_demand=on_demand_kv(m.engine, s.capacity_scheduler, d.cache_block_tokens,
-                                             cost.spare_kv_slots),
-                      prefill_apart=d.prefill_apart and not s.mixed_chunk)
-
-    def _predict(self, cost: StepCost, m: ServingMeasurement) -> dict[str, float]:
-        limits = self._limits(cost, m)
-        isl, osl = max(1, round(m.isl)), max(1, round(m.osl))
-        if m.load == BATCH:
-            seconds = batch_seconds(cost, round(m.load_value), isl, osl, limits) + cost.overheads.request_ms * 1e-3
-            return {"e2e_latency_ms": seconds * 1e3, "output_tok_s": m.load_value * osl / seconds}
-        load = Load(MAX, requests=int(m.load_value)) if m.load == MAX else \
-            Load(CONCURRENCY if m.load == CONCURRENCY else "rate", m.load_value)
-        # `vllm bench serve` runs come through the HTTP server; the offline scripts and MLPerf harnesses do not
-        through_server = m.format == "vllm_serve" or m.settings.api_server
-        frontend_s = cost.intake_s(m.chat_requests) / max(1, m.settings.api_servers) if through_server else 0.0
-        lengths = bundled_for_run(m.lengths, osl, isl) if m.lengths else None
-        state = solve(cost.steady, isl, osl, 0, load, limits, cost.overheads.request_ms * 1e-3,
-                      frontend_s=frontend_s, lengths=lengths, tokens_per_step=cost.tokens_per_step)
-        return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
-                "output_tok_s": state.output_tokens_per_s, "e2e_latency_ms": state.e2e_s.get("mean", 0.0) * 1e3}
+        """The run's metrics as it measured them (a development row over several DP replicas: one replica's)."""
+        run = published_run(m)
+        pred, state = self.predictor.predict(run, self.overheads)
+        pred["output_tok_s"] /= run.replicas
+        if state is not None:
+            pred["e2e_latency_ms"] = state.e2e_s.get("mean", 0.0) * 1e3
+        return pred
 
 
-def batch_seconds(cost: StepCost, batch: int, isl: int, osl: int, limits: Limits) -> float:
-    """One batch of `batch` requests as benchmark_latency.py runs it: every prompt prefilled (whole prompts per
-    step up to the token budget, or chunks of a long one), then osl - 1 decode steps of the whole batch."""
-    budget = limits.max_batched_tokens
-    if isl <= budget:
-        per_step = max(1, min(batch, budget // isl))
-        full, rest = divmod(batch, per_step)
-        prefill = full * cost.step([(isl, 0)] * per_step, 0, 0) + (cost.step([(isl, 0)] * rest, 0, 0) if rest else 0)
-    else:
-        chunks = [(min(budget, isl - c), c) for c in range(0, isl, budget)]
-        prefill = batch * sum(cost.step([chunk], 0, 0) for chunk in chunks)
-    steps = osl - 1
-    if steps <= 0:
-        return prefill
-    # a decode step's time is piecewise linear in the context: integrate it with the trapezoid rule
-    contexts = np.linspace(isl, isl + steps, DECODE_SAMPLES)
-    times = [cost.step([], batch, int(c)) for c in contexts]
-    return prefill + steps * float(np.trapezoid(times, contexts)) / (contexts[-1] - contexts[0])
+def published_run(m: ServingMeasurement) -> PublishedRun:
+    """The measurement as the predictor's run: a development row is the predictor's own reading of it; a file's
+    run is built from what the file and the flags state."""
+    if m.run is not None:
+        return m.run
+    s = m.settings
+    load = {CONCURRENCY: Load(CONCURRENCY, m.load_value), RATE: Load(RATE, m.load_value)}.get(
+        m.load, Load(MAX, requests=int(m.load_value)))
+    # `vllm bench serve` runs come through the HTTP server; the offline scripts and MLPerf harnesses do not
+    served = m.format == "vllm_serve" or s.api_server
+    return PublishedRun(
+        m.id, m.format, MODELS.get(m.model, m.model),
+        m.device + (f"@{s.power_limit_w:g}W" if s.power_limit_w else ""), m.engine,
+        stated_release(m.engine, m.engine_version), m.dtype, m.kv_dtype, m.tp, max(1, round(m.isl)),
+        max(1, round(m.osl)), load, s.memory_fraction, dict(m.measured), max_num_seqs=s.max_num_seqs,
+        max_batched_tokens=s.max_batched_tokens, chunked_prefill=s.chunked_prefill,
+        mode="offline_batch" if m.load == BATCH else "", lengths=m.lengths,
+        api_servers=max(1, s.api_servers) if served else 0, streams=m.streams, capacity_scheduler=s.capacity_scheduler,
+        mixed_chunk=s.mixed_chunk, chat_requests=m.chat_requests, scheduler_steps=s.scheduler_steps)
 
 
 def log_errors(pred: dict, m: ServingMeasurement) -> list[float]:
@@ -255,8 +209,8 @@ def error_table(title: str, groups: dict) -> list[str]:
 
 
 def usable_rows(rows: list[ServingMeasurement], hw: HardwareProfile, engine: str, log) -> list[ServingMeasurement]:
-    """The rows of this device and engine whose model tracecost can trace; the others are counted and skipped."""
-    out, skipped, models = [], {}, {}
+    """The rows of this device and engine that tracecost can trace and price; the others are counted and skipped."""
+    out, skipped, models, priced = [], {}, {}, ServingModel(hw)
     for m in rows:
         try:
             same = load_profile(m.device).key.split(":")[0] == hw.key.split(":")[0]
@@ -276,6 +230,11 @@ def usable_rows(rows: list[ServingMeasurement], hw: HardwareProfile, engine: str
                 except ModelError as e:
                     models[m.model] = f"model {m.model} ({str(e)[:60]})"
             why = models[m.model]
+        if why is None:
+            try:
+                priced.predict(m)
+            except ValueError as e:     # a setup that serves nothing (its KV cache holds less than one request)
+                why = "not priced: " + re.sub(r"\d[\d,.]*", "N", str(e))
         if why:
             skipped[why] = skipped.get(why, 0) + 1
         else:

@@ -21,10 +21,14 @@ import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracer.cli_io import json_lines
 
 from .engine_flags import StatedSettings, stated_settings
+
+if TYPE_CHECKING:
+    from .published_rows import PublishedRun
 
 # the load a run put on the engine
 BATCH, MAX, RATE, CONCURRENCY = "batch", "max", "rate", "concurrency"
@@ -127,6 +131,7 @@ class ServingMeasurement:
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
     chat_requests: bool = False  # sent as chat completions (`vllm bench serve --backend openai-chat`)
     unpriced: str = ""           # why tracecost cannot price this run (a development-set row the predictor refuses)
+    run: PublishedRun | None = None   # a development-set row as the predictor reads it (serving/published_rows.py)
 
     @property
     def streams(self) -> bool:
@@ -290,7 +295,8 @@ def parse_devset_row(r: dict, where: str, facts: RunFacts) -> ServingMeasurement
                        for k in ("model", "device", "isl", "osl") if stated[k] is None})
         return replace(_record(where, "devset", stated, facts, measured, load, value), unpriced=why)
     stated.update(model=run.model, device=run.device.partition("@")[0], dtype=run.dtype, kv_dtype=run.kv_dtype)
-    return replace(_record(where, "devset", stated, facts, measured, load, value), lengths=run.lengths)
+    measured = {k: v for k, v in measured.items() if k not in run.set_aside}   # ruled out by the row's own others
+    return replace(_record(where, "devset", stated, facts, measured, load, value), lengths=run.lengths, run=run)
 
 
 def _devset(text: str, where: str, facts: RunFacts) -> list[ServingMeasurement]:

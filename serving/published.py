@@ -4,20 +4,30 @@ processes, and rate_within_limits bisects the highest request rate within a run'
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import replace
 
 from cost.engines import ENGINES, ServingOverheads, engine_releases, release_key
 from cost.estimate import Parallelism
-from cost.profile import load_profile
+from cost.profile import HardwareProfile, load_profile, with_power_cap, with_topology
 from tracer.model_source import resolve_model
 from tracer.work import TraceOptions
 
+from .batch_latency import BatchLatency, static_batch
 from .capacity import on_demand_kv, output_kv_share
 from .lengths import bundled_for_run
 from .published_rows import METRICS, PublishedRun, load_published, map_row
 from .speculative import speculative_step
 from .steady_state import RATE, Limits, SteadyState, solve
 from .step_cost import StepCost
+
+
+# vLLM before 0.8 runs its V0 engine, which on ROCm does not turn chunked prefill on for long-context models
+# (vllm/engine/arg_utils.py EngineArgs.create_engine_config, 0.6-0.7: `... and not current_platform.is_rocm()`),
+# so benchmark_latency's LLM prefills whole prompts, up to max(max_model_len, 2048) tokens a step
+# (vllm/config.py SchedulerConfig.__post_init__; max_model_len defaults to the config's max_position_embeddings),
+# and runs at most 256 sequences (EngineArgs.max_num_seqs)
+V0_RELEASES = ("0.5", "0.6", "0.7")
 
 
 def trtllm_bench_limits(kv_tokens: int, isl: int, osl: int) -> tuple[int, int]:
@@ -35,14 +45,25 @@ def trtllm_bench_limits(kv_tokens: int, isl: int, osl: int) -> tuple[int, int]:
 class Predictor:
     """Predicts published runs; step shapes are traced and priced once per (model, device, formats, layout)."""
 
-    def __init__(self):
+    def __init__(self, hw: HardwareProfile | None = None):
+        """`hw`: price every run on this profile (a calibration's candidate, serving/calibrate_serving.py), joined
+        and capped as the run's device says; by default each run on its own device's profile."""
+        self.hw = hw
         self._costs: dict = {}
+
+    def profile(self, run: PublishedRun) -> HardwareProfile:
+        if self.hw is None:
+            return load_profile(run.device)
+        joined, _, watts = run.device.partition("@")       # "h100nvl:pcie@500W"
+        topology = joined.partition(":")[2]
+        hw = with_topology(self.hw, topology) if topology and not self.hw.topology else self.hw
+        return with_power_cap(hw, float(watts.rstrip("Ww"))) if watts else hw
 
     def cost(self, run: PublishedRun) -> StepCost:
         key = (run.model, run.device, run.engine, run.release, run.dtype, run.kv_dtype, run.tp, run.ep,
                run.speculation, run.streams)
         if key not in self._costs:
-            spec, hw = resolve_model(run.model), load_profile(run.device)
+            spec, hw = resolve_model(run.model), self.profile(run)
             options = TraceOptions(dtype=run.dtype, kv_cache_dtype=run.kv_dtype)
             self._costs[key] = speculative_step(
                 StepCost(spec, hw, options, "engine", Parallelism(run.tp, ep=run.ep), run.engine,
@@ -71,12 +92,46 @@ class Predictor:
         block = cost.defaults.cache_block_tokens
         return min(run.isl - 1, math.floor(run.isl * run.prefix_hit_rate)) // block * block
 
-    def predict(self, run: PublishedRun, overheads: ServingOverheads | None = None) -> tuple[dict, SteadyState]:
+    def batch_scheduler(self, run: PublishedRun, cost: StepCost) -> tuple[int, int, bool, str]:
+        """(tokens per step, sequences, chunked prefill, which rule) one static batch is scheduled with."""
+        if run.chunked_prefill is None and run.engine == "vllm" and run.release in V0_RELEASES \
+                and cost.hw.vendor.lower() == "amd":
+            max_model_len = int(cost.spec.config.get("max_position_embeddings") or 2048)
+            return max(max_model_len, 2048), 256, False, "V0 on ROCm: whole prompts"
+        limits = self.limits(run, cost)
+        return limits.max_batched_tokens, limits.max_num_seqs, limits.chunked_prefill, "the engine's defaults"
+
+    def batch(self, run: PublishedRun, overheads: ServingOverheads | None = None) -> BatchLatency:
+        """One static batch of `run.load.requests` (benchmark_latency.py) walked step by step, the walk
+        `text_generate --output-length` prints (serving/batch_latency.py)."""
         cost = self.cost(run)
+        with self._overheads(run, cost, overheads):
+            tokens, seqs, chunked, _ = self.batch_scheduler(run, cost)
+            return static_batch(cost, run.load.requests, run.isl, run.osl, tokens, seqs, chunked)
+
+    @contextmanager
+    def _overheads(self, run: PublishedRun, cost: StepCost, overheads: ServingOverheads | None):
+        """The cost priced with `overheads` (default: its release's), at the run's scheduler steps."""
         fitted = cost.overheads
         if overheads is not None:
             cost.overheads = overheads
+        if run.scheduler_steps > 1:     # vLLM's multi-step scheduling: the scheduler runs once per k decode steps
+            cost.overheads = replace(cost.overheads, step_us=cost.overheads.step_us / run.scheduler_steps)
         try:
+            yield
+        finally:
+            cost.overheads = fitted
+
+    def predict(self, run: PublishedRun, overheads: ServingOverheads | None = None) \
+            -> tuple[dict, SteadyState | None]:
+        """The run's mean metrics, and the steady state behind them (None for one static batch, which is walked)."""
+        if run.mode == "offline_batch":
+            walk = self.batch(run, overheads)
+            return {"e2e_latency_ms": walk.latency_s * 1e3, "ttft_ms": walk.stats(walk.ttft_s)["mean"] * 1e3,
+                    "tpot_ms": walk.stats(walk.tpot_s).get("mean", 0.0) * 1e3,
+                    "output_tok_s": walk.output_tokens_per_s * run.replicas}, None
+        cost = self.cost(run)
+        with self._overheads(run, cost, overheads):
             lengths = bundled_for_run(run.lengths, run.osl, run.isl) if run.lengths else None
             limits = self.limits(run, cost)
             need = run.isl + limits.output_kv_share * run.osl
@@ -88,13 +143,8 @@ class Predictor:
             state = solve(cost.steady, run.isl, run.osl, self.cached_tokens(run, cost), run.load, limits,
                           cost.overheads.request_ms * 1e-3, lengths=lengths, frontend_s=frontend_s,
                           tokens_per_step=cost.tokens_per_step)
-        finally:
-            cost.overheads = fitted
-        pred = {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
-                "output_tok_s": state.output_tokens_per_s * run.replicas}
-        if run.mode == "offline_batch":
-            pred["e2e_latency_ms"] = run.load.requests / state.request_rate * 1e3
-        return pred, state
+        return {"ttft_ms": state.ttft_s["mean"] * 1e3, "tpot_ms": state.tpot_s * 1e3,
+                "output_tok_s": state.output_tokens_per_s * run.replicas}, state
 
 
 _FORKED: dict = {}   # the Predictor a forked worker prices with (set before the pool forks, so each inherits it)

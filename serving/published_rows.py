@@ -98,6 +98,7 @@ class PublishedRun:
     mixed_chunk: bool = False    # SGLang launched with --enable-mixed-chunk
     set_aside: dict = field(default_factory=dict)    # {metric: why}: numbers the row's own others rule out
     chat_requests: bool = True   # its client sent chat completions (the server renders each prompt; _chat_requests)
+    scheduler_steps: int = 1     # vLLM's multi-step scheduling (--num-scheduler-steps): one schedule per k decodes
 
 
 def _engine(text: str) -> str | None:
@@ -105,7 +106,7 @@ def _engine(text: str) -> str | None:
     return next((name for key, name in ENGINE_NAMES.items() if key in text), None)
 
 
-def _release(engine: str, version: str | None) -> str | None:
+def stated_release(engine: str, version: str | None) -> str | None:
     """major.minor of the engine's release as the row states it (ROCm docker tags name vLLM's), or None."""
     text = version or ""
     label = {"vllm": r"vllm\s*v?", "sglang": r"sglang\s*v?", "trtllm": r"tensorrt-llm\s*v?"}[engine]
@@ -328,7 +329,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     kv_dtype = (r.get("kv_cache_dtype") or flags.kv_cache_dtype or system_kv_dtype(r.get("source"), r.get("engine"))
                 or _checkpoint_kv(r.get("checkpoint")))
     run = PublishedRun(
-        r["id"], r["source_kind"], model, device, engine, _release(engine, r.get("engine_version")),
+        r["id"], r["source_kind"], model, device, engine, stated_release(engine, r.get("engine_version")),
         dtype, kv_dtype, tp,
         max(1, round(r["isl"])), max(1, round(r["osl"])), _load(r, replicas), flags.memory_fraction, measured,
         "trtllm-bench" in (r.get("engine_flags") or "") or "trtllm-bench" in (r.get("engine") or ""), ep, replicas,
@@ -338,7 +339,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         flags.api_servers if flags.api_server else 0,
         _speculation(r["spec_decode"], engine)[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
         streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler,
-        mixed_chunk=flags.mixed_chunk, set_aside=set_aside, chat_requests=_chat_requests(r))
+        mixed_chunk=flags.mixed_chunk, set_aside=set_aside, chat_requests=_chat_requests(r),
+        scheduler_steps=flags.scheduler_steps)
     return run, None
 
 

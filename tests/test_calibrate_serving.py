@@ -16,6 +16,7 @@ from cost.profile import ProfileError, load_profile, parse_profile, profiles_dir
 from serving.calibrate_serving import Fit, ServingModel, usable_rows, with_scaling
 from serving.measurements import (BATCH, CONCURRENCY, MAX, RATE, MeasurementError, RunFacts, ServingMeasurement,
                                   load_file, parse_engine_flags)
+from serving.published import Predictor
 
 DATA = Path(__file__).parent / "data" / "serving_inputs"
 
@@ -82,6 +83,35 @@ def test_devset_rows_the_predictor_refuses_are_skipped_with_why(tmp_path):
     assert [m.id for m in kept] == [good["id"]]
     assert sorted(logged) == ["skipped 1 rows: layout not priced (pipeline, disaggregated or attention-DP)",
                               "skipped 1 rows: lengths not stated"]
+
+
+SERVED_BURST = {"id": "g-burst", "source_kind": "gpustack_perflab_vllm_bench", "engine": "vLLM", "engine_version": "v0.11.0",
+                "model": "Qwen/Qwen3-8B", "precision": "bf16", "gpu": "H100-SXM-80GB", "tp": 1, "isl": 2000.0,
+                "osl": 100.0, "dataset": "random", "mode": "online_request_rate", "num_requests": 200,
+                "ttft_ms": {"mean": 9000.0}, "tpot_ms": {"mean": 60.0}, "output_tok_s": 900.0,
+                "engine_flags": "vllm serve Qwen/Qwen3-8B"}
+MLPERF_SERVER = {"id": "m-Server", "source_kind": "mlperf_inference_v4.1", "engine": "TensorRT-LLM",
+                 "engine_version": "TensorRT-LLM @daec483", "model": "meta-llama/Llama-3.1-8B-Instruct",
+                 "precision": "fp8", "kv_cache_dtype": "fp8", "gpu": "H100-SXM-80GB", "tp": 1, "dp": 2, "isl": 1024.0,
+                 "osl": 128.0, "mode": "online_request_rate", "request_rate": 20.0, "num_requests": 5000,
+                 "ttft_ms": {"mean": 300.0}, "tpot_ms": {"mean": 40.0}, "output_tok_s": 2500.0}
+
+
+@pytest.mark.parametrize("row", [SERVED_BURST, MLPERF_SERVER], ids=["served-burst", "mlperf-server-2-replicas"])
+def test_the_fit_prices_a_row_as_the_accuracy_bench_does(tmp_path, row):
+    """The calibrator's model is the bench's and the commands' (serving/published.py Predictor): a burst through
+    vLLM's HTTP server pays its intake, a row over DP replicas is one replica's share. (They had drifted apart: the
+    fit priced a 1,000-prompt burst's TTFT 10 s short.)"""
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    (m,) = load_file(str(path))
+    run = m.run
+    fitted = ServingModel(load_profile(run.device)).predict(m)
+    bench = Predictor().predict(run)[0]
+    for metric in ("ttft_ms", "tpot_ms"):
+        assert fitted[metric] == pytest.approx(bench[metric], rel=1e-9)
+    assert fitted["output_tok_s"] * run.replicas == pytest.approx(bench["output_tok_s"], rel=1e-9)
+    assert m.measured["output_tok_s"] * run.replicas == pytest.approx(row["output_tok_s"])
 
 
 @pytest.mark.parametrize("text, error", [

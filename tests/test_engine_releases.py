@@ -112,10 +112,10 @@ def test_rows_tracecost_cannot_price_are_skipped_with_the_reason(change, reason)
 
 
 def test_a_row_naming_only_its_libraries_is_placed_on_their_release_and_a_commit_wins():
-    from serving.published_rows import _release
-    assert _release("trtllm", "TensorRT 9.3.0, CUDA 12.2") == "0.9"        # MLPerf v4.0's NVIDIA rows
-    assert _release("trtllm", "TensorRT 9.30.1") is None                    # no prefix match of another version
+    from serving.published_rows import stated_release
+    assert stated_release("trtllm", "TensorRT 9.3.0, CUDA 12.2") == "0.9"        # MLPerf v4.0's NVIDIA rows
+    assert stated_release("trtllm", "TensorRT 9.30.1") is None                    # no prefix match of another version
     # MLPerf v4.1 partners state TensorRT 9.3.0 beside the same commit NVIDIA states 10.2.0 with: the commit rules
-    assert _release("trtllm", "TensorRT-LLM @daec483b860141ea1a0f7f54e4a12c149d1d3bc1 (TensorRT 9.3.0, CUDA 12.2)") is None
-    assert _release("trtllm", "TensorRT-LLM v0.17.0 (TensorRT 10.8)") == "0.17"
-    assert _release("vllm", "TensorRT 9.3.0") is None
+    assert stated_release("trtllm", "TensorRT-LLM @daec483b860141ea1a0f7f54e4a12c149d1d3bc1 (TensorRT 9.3.0, CUDA 12.2)") is None
+    assert stated_release("trtllm", "TensorRT-LLM v0.17.0 (TensorRT 10.8)") == "0.17"
+    assert stated_release("vllm", "TensorRT 9.3.0") is None
