@@ -5,7 +5,6 @@ from dataclasses import replace
 
 import pytest
 
-from cost.engines import ServingOverheads
 from serving.engine_flags import stated_settings
 from serving.simulator import ServerConfig, simulate
 from serving.server_intake import server_entries

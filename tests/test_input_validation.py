@@ -19,7 +19,6 @@ from serving.workload import WorkloadError
 from cli.inference.config import InputError
 from tracer.cli_io import NonFiniteError, dumps_strict
 from tracer.config_checks import ConfigError, check_model_config
-from tracer.model_source import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = json.loads((ROOT / "hw_profiles" / "h200.json").read_text())

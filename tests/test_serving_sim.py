@@ -1,6 +1,5 @@
 """Hand-checkable cases of the block-level prefix-cache simulation."""
 import json
-import math
 from pathlib import Path
 
 import pytest

@@ -1,6 +1,5 @@
 """RFC section 6 for throughput_optimizer, plus a hand-computed case of the mixed-mode formulas."""
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
