@@ -33,7 +33,7 @@ import numpy as np
 
 from cost.engine_kernels.device_fit import DeviceScaling
 from cost.engines import ENGINES, ServingOverheads
-from cost.power import PowerLimit
+from cost.power import POWER_CAP_LAW, PowerLimit
 from cost.profile import HardwareProfile, ProfileError, load_profile, profiles_dir
 from tracer.model_source import ModelError, resolve_model
 
@@ -266,7 +266,8 @@ def main(argv=None) -> int:
     p.add_argument("--fit-power", action="store_true",
                    help="fit the power limit's matrix clock (the profile's power_limit.matrix_clock, cost/power.py) "
                         "instead of the four kernel scalings: a power-capped part carrying a less capped "
-                        "sibling's kernel models")
+                        "sibling's kernel models; on a device with its own kernel tables, the board power cap "
+                        "this cluster's dense matrix work runs as (priced as DEVICE@WATTSW)")
     p.add_argument("--output", help="calibrated profile to write (default calibrated-DEVICE-serving.json)")
     p.add_argument("--overheads-output", help="also write the fitted overheads in cost/engine_serving.json's format")
     p.add_argument("--write-profile", action="store_true", help="replace the bundled profile if the fit beats it "
@@ -310,12 +311,17 @@ def run(args, argv: list[str]) -> int:
     else:
         fit_rows, held = rows, []
     names = _overhead_names(args.overheads, fit_rows)
-    fit_device = device_fit_applies(hw)
     device_set = PowerLimit if args.fit_power else DeviceScaling
-    if args.fit_power and not fit_device:
-        raise ValueError(f"--fit-power: {hw.key}'s engine kernels are fitted on its own tables, which ran at its "
-                         f"power limit")
-    if args.fit_power and not hw.power_origin:
+    # a device with its own kernel tables takes only --fit-power: the clock this cluster holds during dense matrix
+    # work against the tables' own runs, which is a board power cap by the cap law (cost/power.py)
+    cap_fit = args.fit_power and not device_fit_applies(hw)
+    fit_device = device_fit_applies(hw) or cap_fit
+    if cap_fit and args.write_profile:
+        raise ValueError(f"--write-profile: {hw.key}'s kernel models are fitted on its own tables and stay; "
+                         f"--fit-power fits the cluster's equivalent power cap, priced as {hw.key}@WATTSW")
+    if cap_fit and not hw.board_w:
+        raise ValueError(f"--fit-power: {hw.key} states no board power (board_w), so no cap can be fitted")
+    if args.fit_power and not cap_fit and not hw.power_origin:
         raise ValueError(f"--fit-power: {hw.key} has no power_limit section; add one with its sourced board_w and "
                          f"reference_board_w first (cost/power.py)")
     count = len(names) + (len(device_set.fitted_names()) if fit_device else 0)
@@ -344,14 +350,18 @@ def run(args, argv: list[str]) -> int:
     lines = [f"fitted {len(fit_rows)} rows of {hw.name}, {ENGINES[args.engine].label}: rms log error "
              f"{math.sqrt(mse):.3f}"]
     docs = {**device_set.describe(), **ServingOverheads.describe()}
-    for n, v, s, lo, hi in zip(fit.names, values, std, fit.lo, fit.hi):
-        at_edge = min(v - lo, hi - v) < 1e-3 * (hi - lo)
-        error = "at its bound" if at_edge else f"+- {s:.3g}"
+    # a value at its bound has no standard error from the Jacobian: the data push it past its physical range
+    at_bound = [n for n, v, lo, hi in zip(fit.names, values, fit.lo, fit.hi) if min(v - lo, hi - v) < 1e-3 * (hi - lo)]
+    errors = {n: (None if n in at_bound else s) for n, s in zip(fit.names, std)}
+    for n, v, lo, hi in zip(fit.names, values, fit.lo, fit.hi):
+        error = "at its bound" if errors[n] is None else f"+- {errors[n]:.3g}"
         lines.append(f"  {n:<12} {v:10.4g} {error:<14} in [{lo:g}, {hi:g}]: {docs[n]}")
     if note:
         lines.append(f"  note: {note}")
     if fit_device and not args.fit_power:
         lines += implied_fractions(after.hw, fit_rows)
+    if cap_fit:
+        lines += equivalent_cap(hw, scaling.matrix_clock, errors["matrix_clock"])
     lines += error_table("fitted rows, before (current profile) -> after:", errors_by_group(before, fit_rows))
     lines += error_table("  after:", errors_by_group(after, fit_rows))
     if held:
@@ -367,9 +377,8 @@ def run(args, argv: list[str]) -> int:
                f"runs ({', '.join(sorted({release(m) for m in fit_rows}))})"
                + (f"; held-out median error {held_median * 100:.1f}% over {len(held)} rows" if held else ""))
     before_mse = float(np.mean([x * x for m in fit_rows for x in log_errors(before.predict(m), m)]))
-    # a value at its bound has no standard error from the Jacobian: the data push it past its physical range
-    at_bound = [n for n, v, lo, hi in zip(fit.names, values, fit.lo, fit.hi) if min(v - lo, hi - v) < 1e-3 * (hi - lo)]
-    errors = {n: (None if n in at_bound else s) for n, s in zip(fit.names, std)}
+    if cap_fit:
+        return write_cap(args, hw, scaling, errors, at_bound, source, summary, log)
     return write(args, hw, scaling, overheads, errors, at_bound, fit_device, source, summary, note,
                  mse <= before_mse, log)
 
@@ -394,6 +403,37 @@ def implied_fractions(fitted_hw: HardwareProfile, rows) -> list[str]:
                        f"{g.memory:.2f} of {fitted_hw.memory_bandwidth_gbps:g} GB/s, "
                        f"{g.fixed_us:.1f} us per call")
     return out
+
+
+def cap_watts(hw: HardwareProfile, matrix_clock: float) -> float:
+    """The board power cap whose clock (the cap law: in proportion to the power) is `matrix_clock` of the tables'."""
+    return hw.board_w * matrix_clock
+
+
+def equivalent_cap(hw: HardwareProfile, matrix_clock: float, std: float | None) -> list[str]:
+    if matrix_clock > 1.0:
+        return [f"  this cluster's dense matrix work runs {matrix_clock:.2f}x as fast as on the machines behind "
+                f"{hw.key}'s kernel tables: no power cap explains that"]
+    error = f" +- {hw.board_w * std:.0f} W" if std is not None else " (at the lowest cap the law is checked at)"
+    return [f"  this cluster's dense matrix work runs at {matrix_clock:.3g} of the clock behind {hw.key}'s kernel "
+            f"tables: what a {cap_watts(hw, matrix_clock):.0f} W{error} board power cap of its {hw.board_w:g} W "
+            f"gives ({POWER_CAP_LAW}); price it as --device {hw.key}@{cap_watts(hw, matrix_clock):.0f}W"]
+
+
+def write_cap(args, hw, power: PowerLimit, std, at_bound, source, summary, log) -> int:
+    """A device fitted on its own tables keeps them: the fit is the device name to price the cluster with."""
+    if not args.output:
+        return 0
+    watts = cap_watts(hw, power.matrix_clock)
+    error = std.get("matrix_clock")
+    result = {"device": f"{hw.key}@{watts:.0f}W" if power.matrix_clock <= 1.0 else hw.key,
+              "matrix_clock": round(power.matrix_clock, 4),
+              "std_error": None if error is None else round(float(error), 4), "cap_w": round(watts, 1),
+              "board_w": hw.board_w, "origin": summary, "source": {**source, **({"at_bound": at_bound} if at_bound
+                                                                               else {})}}
+    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {args.output}")
+    return 0
 
 
 def write(args, hw, scaling, overheads, std, at_bound, fit_device, source, summary, note, better, log) -> int:

@@ -148,10 +148,35 @@ def test_devset_rows_are_one_replica(tmp_path):
                                                                                     "output_tok_s": 1450.0}
 
 
-def test_fit_power_refused_where_the_device_has_its_own_tables(capsys):
+def test_a_device_with_its_own_tables_keeps_them_under_fit_power(capsys):
+    """On a device fitted on its own tables --fit-power finds the cluster's equivalent cap; the tables stay."""
     data = str(ROOT / "tests" / "data" / "serving_inputs" / "mi300x_vllm066_rows.jsonl")
-    assert from_serving([data, "--device", "l40s", "--engine", "vllm", "--fit-power", "--overheads", "none"]) == 2
-    assert "--fit-power: l40s's engine kernels are fitted on its own tables" in capsys.readouterr().err
+    assert from_serving([data, "--device", "l40s", "--engine", "vllm", "--fit-power", "--overheads", "none",
+                         "--write-profile"]) == 2
+    assert "l40s's kernel models are fitted on its own tables and stay" in capsys.readouterr().err
+
+
+def test_fit_power_finds_the_cap_of_a_cluster_slower_than_the_tables():
+    """A cluster of H100 SXMs held at 400 W, measured: the fit over PowerLimit on h100's own tables finds the clock
+    the cap law gives 400 W, and reports the device to price the cluster with."""
+    from serving.calibrate_serving import Fit, ServingModel, equivalent_cap
+    from serving.measurements import BATCH, MAX, ServingMeasurement
+    from cost.engines import ServingOverheads
+    from cost.power import PowerLimit
+    base, overheads = load_profile("h100"), ServingOverheads()
+    truth = ServingModel(load_profile("h100@400W"), overheads)
+    runs = []
+    for i, (load, value, isl, osl) in enumerate([(BATCH, 64, 2048, 64), (BATCH, 1, 128, 128), (MAX, 256, 1024, 128)]):
+        m = ServingMeasurement(f"run{i}", "synthetic", "test", "llama-3.2-1b", "h100", "vllm", "", "bf16", None, 1,
+                               isl, osl, load, value)
+        metric = "e2e_latency_ms" if load == BATCH else "output_tok_s"
+        runs.append(replace(m, measured={metric: truth.predict(m)[metric]}))
+    fit = Fit(base, "vllm", runs, [], overheads, True, log=lambda _: None, device_set=PowerLimit)
+    values, std, mse = fit.run()
+    assert mse < 1e-4 and values[0] == pytest.approx(400 / 700, abs=0.02)
+    (line,) = equivalent_cap(base, float(values[0]), float(std[0]))
+    assert "--device h100@4" in line and "of its 700 W" in line
+    assert "no power cap explains" in equivalent_cap(base, 1.2, 0.01)[0]
 
 
 def test_fit_power_recovers_a_known_clock():
