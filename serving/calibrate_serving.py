@@ -26,6 +26,7 @@ import math
 import re
 import shlex
 import sys
+import time
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from .step_cost import StepCost
 
 METRICS = ("output_tok_s", "ttft_ms", "tpot_ms", "e2e_latency_ms")
 DEFAULT_OVERHEADS = ("step_us", "seq_us")
+PROGRESS_EVERY_S = 20.0   # at most one progress line this often
 
 
 class ServingModel:
@@ -127,6 +129,7 @@ class Fit:
         self.hi = np.array([bounds[n][1] for n in self.names], float)
         self._models: dict = {}
         self._serial = 0
+        self._evaluations, self._started, self._said = 0, time.monotonic(), time.monotonic()
 
     def values(self, u) -> tuple[DeviceScaling, ServingOverheads]:
         v = dict(zip(self.names, self.lo + np.clip(u, 0.0, 1.0) * (self.hi - self.lo)))
@@ -153,7 +156,14 @@ class Fit:
 
     def residuals(self, u, rows=None) -> np.ndarray:
         model = self.model(*self.values(u))
-        return np.array([e for m in (rows or self.rows) for e in log_errors(model.predict(m), m)])
+        r = np.array([e for m in (rows or self.rows) for e in log_errors(model.predict(m), m)])
+        self._evaluations += 1
+        now = time.monotonic()
+        if now - self._said >= PROGRESS_EVERY_S:    # a fit of many rows runs for minutes: say how it goes
+            self._said = now
+            self.log(f"  {self._evaluations} evaluations, {now - self._started:.0f} s: rms log error "
+                     f"{math.sqrt(float(r @ r) / max(1, len(r))):.3f}")
+        return r
 
     def run(self) -> tuple[np.ndarray, np.ndarray, float]:
         """(fitted values, their standard errors, final mean squared log error) in the parameters' units."""
