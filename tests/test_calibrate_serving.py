@@ -114,6 +114,20 @@ def test_the_fit_prices_a_row_as_the_accuracy_bench_does(tmp_path, row):
     assert m.measured["output_tok_s"] * run.replicas == pytest.approx(row["output_tok_s"])
 
 
+def test_a_candidate_profile_is_joined_and_capped_as_the_run_says():
+    """Predictor(hw) prices every run on a calibration candidate, with the topology and the power cap the run's
+    device names (an MLPerf system without NVLink bridges, a MaxQ cap)."""
+    from serving.published_rows import PublishedRun
+    from serving.steady_state import Load
+    candidate = load_profile("h100nvl")
+    run = PublishedRun("r", "test", "llama-3.2-1b", "h100nvl:pcie@300W", "trtllm", None, "bf16", None, 1, 128, 128,
+                       Load(MAX, requests=8), None)
+    hw = Predictor(candidate).profile(run)
+    assert hw.topology == "pcie" and hw.board_w == 300
+    assert hw.matrix_clock == pytest.approx(candidate.matrix_clock * 300 / candidate.board_w)
+    assert Predictor(candidate).profile(replace(run, device="h100nvl")) is candidate
+
+
 @pytest.mark.parametrize("text, error", [
     ("{", "not JSON"), ('{"foo": 1}', "not a vllm bench serve"), ("[1, 2]", "a JSON object"),
     ('{"avg_latency": -1}', "must be a finite number"),
