@@ -388,6 +388,7 @@ def run(args, argv: list[str]) -> int:
                + (f"; held-out median error {held_median * 100:.1f}% over {len(held)} rows" if held else ""))
     before_mse = float(np.mean([x * x for m in fit_rows for x in log_errors(before.predict(m), m)]))
     if cap_fit:
+        write_overheads(args, overheads, summary, note, log)
         return write_cap(args, hw, scaling, errors, at_bound, source, summary, log)
     return write(args, hw, scaling, overheads, errors, at_bound, fit_device, source, summary, note,
                  mse <= before_mse, log)
@@ -446,13 +447,19 @@ def write_cap(args, hw, power: PowerLimit, std, at_bound, source, summary, log) 
     return 0
 
 
-def write(args, hw, scaling, overheads, std, at_bound, fit_device, source, summary, note, better, log) -> int:
-    rounded = {k: (None if v is None else round(float(v), 4)) for k, v in std.items()}
+def write_overheads(args, overheads: ServingOverheads, summary: str, note: str, log) -> dict:
+    """The fitted overheads as cost/engine_serving.json holds them, written to --overheads-output if given."""
     o_json = {f.name: round(getattr(overheads, f.name), 4) for f in fields(ServingOverheads)}
     if args.overheads_output:
         Path(args.overheads_output).write_text(json.dumps(
             {args.engine: {"origin": summary + (f"; {note}" if note else ""), "params": o_json}}, indent=1) + "\n")
         log(f"wrote {args.overheads_output}")
+    return o_json
+
+
+def write(args, hw, scaling, overheads, std, at_bound, fit_device, source, summary, note, better, log) -> int:
+    rounded = {k: (None if v is None else round(float(v), 4)) for k, v in std.items()}
+    o_json = write_overheads(args, overheads, summary, note, log)
     if not fit_device:
         if not args.overheads_output:
             log("nothing written: the device has its own kernel tables; --overheads-output FILE keeps the overheads")
