@@ -50,6 +50,33 @@ def stats(values: list[float]) -> dict:
             "max": float(a.max()), "signed_median": float(np.median(values))}
 
 
+# issue 19's target for every source and release: output tokens/s median |error| and |signed median|
+TARGET_MEDIAN, TARGET_SIGNED = 0.08, 0.05
+
+
+def targets(rows: list[tuple]) -> list[dict]:
+    """Output tokens/s per (source, engine release) against issue 19's target."""
+    groups: dict = defaultdict(list)
+    for run, pred in rows:
+        if "output_tok_s" in run.measured and "output_tok_s" in pred:
+            release = f"{run.engine} {run.release or '(commit only)'}"
+            groups[(run.source_kind, release)].append(pred["output_tok_s"] / run.measured["output_tok_s"] - 1)
+    out = []
+    for (source, release), v in sorted(groups.items()):
+        s = stats(v)
+        out.append({"source": source, "release": release, **s,
+                    "met": s["median"] <= TARGET_MEDIAN and abs(s["signed_median"]) <= TARGET_SIGNED})
+    return out
+
+
+def target_table(found: list[dict]) -> str:
+    lines = [f"| source | release | rows | median | signed median | median <= {TARGET_MEDIAN:.0%}, "
+             f"abs(signed) <= {TARGET_SIGNED:.0%} |", "|---|---|---|---|---|---|"]
+    lines += [f"| {t['source']} | {t['release']} | {t['n']} | {t['median']:.1%} | {t['signed_median']:+.1%} | "
+              f"{'met' if t['met'] else 'missed'} |" for t in found]
+    return "\n".join(lines)
+
+
 def table(errs: dict) -> str:
     lines = ["| group | metric | rows | median | p90 | max | signed median |", "|---|---|---|---|---|---|---|"]
     for key in sorted(errs, key=lambda k: (len(k) > 1, k)):
@@ -181,6 +208,7 @@ def main(argv=None) -> int:
                           "set_aside": [{"id": r.id, "metric": m, "why": why} for r, _ in rows
                                         for m, why in r.set_aside.items()],
                           "groups": {" / ".join(k): {m: stats(v) for m, v in ms.items()} for k, ms in errs.items()},
+                          "targets": targets(rows),
                           "rate_within_limits": [{"id": r.id, "predicted": p, "submitted": s, "at_predicted_rate": a,
                                                   "tpot_steepness": k} for r, p, s, a, k in rates],
                           "predictions": [{"id": r.id, "measured": r.measured, "predicted": pr} for r, pr in rows]},
@@ -188,6 +216,8 @@ def main(argv=None) -> int:
         return 0
     print(f"{len(rows)} rows predicted in {time.time() - t0:.0f} s ({len(skipped)} skipped)\n")
     print(table(errs))
+    print("\nOutput tokens/s per source and engine release against issue 19's target:\n")
+    print(target_table(targets(rows)))
     aside = [(r.id, m, why) for r, _ in rows for m, why in r.set_aside.items()]
     if aside:
         print("\nNumbers set aside, not scored, because the row's own other numbers rule them out:\n")

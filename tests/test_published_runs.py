@@ -1,6 +1,7 @@
 """Published rows as tracecost prices them: a stated prefix-cache hit is served from the cache, and an overhead
 fit cannot drop the rows its candidate parameters refuse."""
 import math
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,24 @@ def test_a_burst_throughput_its_own_latencies_rule_out_is_set_aside_not_scored()
     assert "output_tok_s" in instant.measured and not instant.set_aside       # no bound to hold it to
     sharegpt, _ = map_row({**ROW, "dataset": "ShareGPT", "output_tok_s": 10400.0})
     assert sharegpt.measured["output_tok_s"] == 10400.0 and not sharegpt.set_aside
+
+
+def test_the_accuracy_bench_scores_each_source_and_release_against_issue_19s_target():
+    """Output tokens/s per (source, engine release): median |error| <= 8% and |signed median| <= 5%."""
+    import importlib.util
+    from types import SimpleNamespace
+    path = Path(__file__).resolve().parents[1] / "bench" / "e2e_accuracy.py"
+    spec = importlib.util.spec_from_file_location("e2e_accuracy", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def row(source, release, error):
+        run = SimpleNamespace(source_kind=source, engine="vllm", release=release, measured={"output_tok_s": 100.0})
+        return run, {"output_tok_s": 100.0 * (1 + error)}
+    rows = [row("a", "0.11", e) for e in (0.02, -0.03, 0.05)] + [row("a", "0.10", e) for e in (0.06, 0.07, 0.06)] \
+        + [row("b", None, e) for e in (0.2, -0.1, 0.3)]
+    found = {(t["source"], t["release"]): t for t in bench.targets(rows)}
+    assert found[("a", "vllm 0.11")]["met"]
+    assert not found[("a", "vllm 0.10")]["met"]          # median 6% but signed +6%: biased
+    assert not found[("b", "vllm (commit only)")]["met"] and found[("b", "vllm (commit only)")]["n"] == 3
+    assert "| a | vllm 0.10 | 3 | 6.0% | +6.0% | missed |" in bench.target_table(bench.targets(rows))
