@@ -159,7 +159,8 @@ def test_a_device_with_its_own_tables_keeps_them_under_fit_power(capsys):
 def test_fit_power_finds_the_cap_of_a_cluster_slower_than_the_tables():
     """A cluster of H100 SXMs held at 400 W, measured: the fit over PowerLimit on h100's own tables finds the clock
     the cap law gives 400 W, and reports the device to price the cluster with."""
-    from serving.calibrate_serving import Fit, ServingModel, equivalent_cap
+    from serving.calibrate_report import equivalent_cap
+    from serving.calibrate_serving import Fit, ServingModel
     from serving.measurements import BATCH, MAX, ServingMeasurement
     from cost.engines import ServingOverheads
     from cost.power import PowerLimit
