@@ -38,8 +38,7 @@ def predict_rows(data: str, chunked: bool | None) -> list[dict]:
     for run in (r for r in runs if r.source_kind == SOURCE and "e2e_latency_ms" in r.measured):
         if chunked is not None:      # every row chunked, or none, at the engine's budget
             run = replace(run, chunked_prefill=chunked)
-        rule = predictor.batch_scheduler(run, predictor.cost(run))[3]
-        walk = predictor.batch(run)
+        walk, rule = predictor.batch(run)
         predicted = walk.latency_s * 1e3
         out.append({"id": run.id, "model": run.model, "release": f"vllm {run.release}", "batch": run.load.requests,
                     "isl": run.isl, "osl": run.osl, "measured_ms": run.measured["e2e_latency_ms"],

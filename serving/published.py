@@ -92,22 +92,31 @@ class Predictor:
         block = cost.defaults.cache_block_tokens
         return min(run.isl - 1, math.floor(run.isl * run.prefix_hit_rate)) // block * block
 
-    def batch_scheduler(self, run: PublishedRun, cost: StepCost) -> tuple[int, int, bool, str]:
+    def batch_scheduler(self, run: PublishedRun, cost: StepCost, limits: Limits) -> tuple[int, int, bool, str]:
         """(tokens per step, sequences, chunked prefill, which rule) one static batch is scheduled with."""
         if run.chunked_prefill is None and run.engine == "vllm" and run.release in V0_RELEASES \
                 and cost.hw.vendor.lower() == "amd":
             max_model_len = int(cost.spec.config.get("max_position_embeddings") or 2048)
             return max(max_model_len, 2048), 256, False, "V0 on ROCm: whole prompts"
-        limits = self.limits(run, cost)
         return limits.max_batched_tokens, limits.max_num_seqs, limits.chunked_prefill, "the engine's defaults"
 
-    def batch(self, run: PublishedRun, overheads: ServingOverheads | None = None) -> BatchLatency:
+    def batch(self, run: PublishedRun, overheads: ServingOverheads | None = None) -> tuple[BatchLatency, str]:
         """One static batch of `run.load.requests` (benchmark_latency.py) walked step by step, the walk
-        `text_generate --output-length` prints (serving/batch_latency.py)."""
+        `text_generate --output-length` prints (serving/batch_latency.py), and the scheduling rule it ran under."""
         cost = self.cost(run)
         with self._overheads(run, cost, overheads):
-            tokens, seqs, chunked, _ = self.batch_scheduler(run, cost)
-            return static_batch(cost, run.load.requests, run.isl, run.osl, tokens, seqs, chunked)
+            tokens, seqs, chunked, rule = self.batch_scheduler(run, cost, self.serving_limits(run, cost))
+            return static_batch(cost, run.load.requests, run.isl, run.osl, tokens, seqs, chunked), rule
+
+    def serving_limits(self, run: PublishedRun, cost: StepCost) -> Limits:
+        """The run's limits, refused where its KV cache cannot hold one request: a setup that serves nothing is
+        refused, not priced as ~0 tokens/s."""
+        limits = self.limits(run, cost)
+        need = run.isl + limits.output_kv_share * run.osl
+        if limits.kv_tokens < need:
+            raise ValueError(f"the KV cache holds {limits.kv_tokens} tokens, less than one request's "
+                             f"{need:.0f} (weights, reserve and activations leave too little memory)")
+        return limits
 
     @contextmanager
     def _overheads(self, run: PublishedRun, cost: StepCost, overheads: ServingOverheads | None):
@@ -126,18 +135,14 @@ class Predictor:
             -> tuple[dict, SteadyState | None]:
         """The run's mean metrics, and the steady state behind them (None for one static batch, which is walked)."""
         if run.mode == "offline_batch":
-            walk = self.batch(run, overheads)
+            walk, _ = self.batch(run, overheads)
             return {"e2e_latency_ms": walk.latency_s * 1e3, "ttft_ms": walk.stats(walk.ttft_s)["mean"] * 1e3,
                     "tpot_ms": walk.stats(walk.tpot_s).get("mean", 0.0) * 1e3,
                     "output_tok_s": walk.output_tokens_per_s * run.replicas}, None
         cost = self.cost(run)
         with self._overheads(run, cost, overheads):
             lengths = bundled_for_run(run.lengths, run.osl, run.isl) if run.lengths else None
-            limits = self.limits(run, cost)
-            need = run.isl + limits.output_kv_share * run.osl
-            if limits.kv_tokens < need:     # a setup that serves nothing is refused, not priced as ~0 tokens/s
-                raise ValueError(f"the KV cache holds {limits.kv_tokens} tokens, less than one request's "
-                                 f"{need:.0f} (weights, reserve and activations leave too little memory)")
+            limits = self.serving_limits(run, cost)
             # one server process takes in every replica's requests (each replica sees 1/replicas of them)
             frontend_s = cost.intake_s(run.chat_requests) * run.replicas / run.api_servers if run.api_servers else 0.0
             state = solve(cost.steady, run.isl, run.osl, self.cached_tokens(run, cost), run.load, limits,

@@ -274,6 +274,19 @@ def test_rate_within_limits_of_a_refused_setup_is_refused():
         rate_within_limits(Predictor(), run)
 
 
+def test_one_batch_of_a_refused_setup_is_refused():
+    """The same setup as one static batch (benchmark_latency.py, walked step by step) is refused too, not walked."""
+    from serving.published import Predictor
+    row = {"id": "t-lat", "source_kind": "rocm_vllm_devdocker_latency", "engine": "vLLM", "engine_version": "0.8.5",
+           "model": "meta-llama/Llama-2-70b-chat-hf", "precision": "fp16", "gpu": "H100-SXM-80GB", "num_gpus": 1,
+           "tp": 1, "isl": 128.0, "osl": 128.0, "mode": "offline_batch", "batch_size": 8,
+           "e2e_latency_ms": {"mean": 5000.0}}
+    run, why = map_row(row)
+    assert why is None and run.mode == "offline_batch"
+    with pytest.raises(ValueError, match="the KV cache holds 0 tokens"):
+        Predictor().predict(run)
+
+
 def test_submitters_stated_kv_format_fills_a_row_that_states_none():
     """AMD's MLPerf v4.1 code quantizes Llama-2-70B with an FP8 KV cache (closed/AMD/code/llama2-70b-99/README.md),
     on AMD's systems and on Dell's that run AMD's harness; the rows state no KV format."""
