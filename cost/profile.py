@@ -416,21 +416,41 @@ _POWER_CAP = re.compile(r"(?P<base>[^@]+)@(?P<watts>\d+(?:\.\d+)?)[wW]")      # 
 _ENGINE_CACHE: dict[str, dict[str, EngineCalibration]] = {}
 
 
-def load_profile(device: str, seen: tuple = ()) -> HardwareProfile:
-    """A bundled profile by name or alias (case-insensitive), or a path to a profile JSON; "NAME:TOPOLOGY"
-    takes one of its named topologies."""
-    if device in _CACHE:
-        return _CACHE[device]
-    if "@" in device and not Path(device).is_file():
+def split_device(device: str) -> tuple[str, str, float | None]:
+    """DEVICE[:TOPOLOGY][@WATTSW] as (DEVICE, TOPOLOGY or "", the cap's watts or None); a profile file's path is
+    a device of its own."""
+    if Path(device).is_file():
+        return device, "", None
+    watts = None
+    if "@" in device:
         capped = _POWER_CAP.fullmatch(device)
         if capped is None:
             raise ProfileError(f"'{device}': a board power cap is written DEVICE[:TOPOLOGY]@WATTSW, as in h200@500W "
                                f"or h100:hgx4@600W")
-        _CACHE[device] = with_power_cap(load_profile(capped["base"], seen), float(capped["watts"]))
-        return _CACHE[device]
+        device, watts = capped["base"], float(capped["watts"])
     base, _, topology = device.rpartition(":") if ":" in device and not Path(device).is_file() else (device, "", "")
-    if topology:
-        _CACHE[device] = with_topology(load_profile(base, seen), topology)
+    return base, topology, watts
+
+
+def with_device_suffixes(profile: HardwareProfile, device: str) -> HardwareProfile:
+    """`profile` (a calibration's candidate) joined and capped as a run's device name says: its topology, unless
+    the candidate names one already, and its board power cap."""
+    _, topology, watts = split_device(device)
+    if topology and not profile.topology:
+        profile = with_topology(profile, topology)
+    return with_power_cap(profile, watts) if watts is not None else profile
+
+
+def load_profile(device: str, seen: tuple = ()) -> HardwareProfile:
+    """A bundled profile by name or alias (case-insensitive), or a path to a profile JSON; "NAME:TOPOLOGY"
+    takes one of its named topologies, "NAME@WATTSW" a board power cap."""
+    if device in _CACHE:
+        return _CACHE[device]
+    base, topology, watts = split_device(device)
+    if topology or watts is not None:
+        profile = load_profile(base, seen)
+        profile = with_topology(profile, topology) if topology else profile   # refuses a second topology
+        _CACHE[device] = with_power_cap(profile, watts) if watts is not None else profile
         return _CACHE[device]
     path = Path(device).expanduser()
     if device.endswith(".json") or path.is_file():

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from cost.engines import ENGINES, ServingOverheads, engine_releases, release_key
 from cost.estimate import Parallelism
-from cost.profile import HardwareProfile, load_profile, with_power_cap, with_topology
+from cost.profile import HardwareProfile, load_profile, with_device_suffixes
 from tracer.model_source import resolve_model
 from tracer.work import TraceOptions
 
@@ -52,12 +52,7 @@ class Predictor:
         self._costs: dict = {}
 
     def profile(self, run: PublishedRun) -> HardwareProfile:
-        if self.hw is None:
-            return load_profile(run.device)
-        joined, _, watts = run.device.partition("@")       # "h100nvl:pcie@500W"
-        topology = joined.partition(":")[2]
-        hw = with_topology(self.hw, topology) if topology and not self.hw.topology else self.hw
-        return with_power_cap(hw, float(watts.rstrip("Ww"))) if watts else hw
+        return load_profile(run.device) if self.hw is None else with_device_suffixes(self.hw, run.device)
 
     def cost(self, run: PublishedRun) -> StepCost:
         key = (run.model, run.device, run.engine, run.release, run.dtype, run.kv_dtype, run.tp, run.ep,
