@@ -175,7 +175,10 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
         say(f"{'/'.join(map(str, key))}: {len(fit_index)} rows")
     return replace(cal, gemm=sections["gemm"], prefill_attention=sections["prefill_attention"],
                    decode_attention=sections["decode_attention"], moe=sections["moe"], allreduce=sections["allreduce"],
-                   carried=base.carried if base is not None else {})
+                   # what the device's data says of how the engine runs its kernels there is not fitted: kept
+                   carried=base.carried if base is not None else {},
+                   sink_attention=base.sink_attention if base is not None else {},
+                   mixed_step_decodes=base.mixed_step_decodes if base is not None else {})
 
 
 SECTION_PARAMS = {"gemm": GemmParams, "prefill_attention": PrefillAttentionParams,

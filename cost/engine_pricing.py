@@ -59,24 +59,37 @@ def chunk_segments(query_length: int, context_length: int, chunk: int) -> list[t
     return [(q, c, n) for (q, c), n in counts.items()]
 
 
-def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
+def attention_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float,
+                      mixed_step: bool = False) -> KernelTime:
+    """`mixed_step`: the step also carries a prompt chunk, so its decode rows may run in the prefill kernel
+    (decode_rows_in_prefill)."""
     w = k.op.attention
     if w.chunk_binds and ENGINES[cal.engine].runs_attention_chunks:
         parts = [_attention_time(replace(w, batch=w.batch * n, query_length=q, context_length=c, chunk=None),
-                                 hw, cal, kv_bytes)
+                                 hw, cal, kv_bytes, mixed_step)
                  for q, c, n in chunk_segments(w.query_length, w.context_length, w.chunk)]
         return KernelTime(*(sum(getattr(t, f) for t in parts) for f in ("seconds", "compute_s", "memory_s", "fixed_s")))
-    return _attention_time(w, hw, cal, kv_bytes)
+    return _attention_time(w, hw, cal, kv_bytes, mixed_step)
 
 
-def _attention_time(w, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float) -> KernelTime:
+def decode_rows_in_prefill(w, cal: EngineCalibration) -> bool:
+    """Whether one-token decode rows of a step that also carries a prompt chunk run in the engine's prefill kernel
+    (EngineCalibration.mixed_step_decodes): not MLA's absorbed decode (its backends split the batch), nor an
+    attention with sink logits that the engine runs on another kernel here."""
+    return (bool(cal.mixed_step_decodes) and w.query_length == 1 and not w.kv_shares_storage
+            and not (w.has_sinks and cal.sink_attention))
+
+
+def _attention_time(w, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: float,
+                    mixed_step: bool = False) -> KernelTime:
     kv_format = "fp8" if kv_bytes <= 1 else "bf16"
     element = 1.0 if kv_format == "fp8" else 2.0    # the bytes of a cached K or V element the kernels read
     window = w.window or 0
     engine = ENGINES[cal.engine]
     # an attention with sink logits on another backend of the engine's, fitted apart (SGLang's Triton kernels)
     backend = cal.sink_backend if w.has_sinks else ""
-    if w.query_length == 1 and (w.context_length > 0 or engine.one_token_query_decodes):
+    in_prefill = mixed_step and decode_rows_in_prefill(w, cal)
+    if w.query_length == 1 and not in_prefill and (w.context_length > 0 or engine.one_token_query_decodes):
         kernel = backend or decode_kernel(kv_format + ("_window" if window > 0 else ""), cal.engine,
                                           w.heads / w.kv_heads, w.kv_shares_storage, cal.decode_attention)
         p = attention_model(cal.decode_attention, kv_format, window > 0, "decode attention KV format", cal, kernel)
@@ -90,6 +103,10 @@ def _attention_time(w, hw: HardwareProfile, cal: EngineCalibration, kv_bytes: fl
     else:
         p = attention_model(cal.prefill_attention, kv_format, window > 0, "prefill attention KV format", cal,
                             backend)
+        if in_prefill and not cal.mixed_step_decodes["packs_gqa"]:
+            # a CTA per query head: the prefill model's GQA packing of short queries is the one-query path's
+            # (FlashAttention-2 swaps a KV head's query heads into rows only when every query is one token)
+            p = replace(p, shares_kv_head_ctas=0)
         t = prefill_attention_time(p, hw.compute_units, hw.matrix_peak("bf16"), hw.vector_peak("fp32"), hw.bandwidth,
                                    hw.l2_bytes, w.batch, w.query_length, w.context_length, w.heads, w.kv_heads,
                                    w.qk_head_dim, w.v_head_dim, window=window,
@@ -144,12 +161,13 @@ def stream_seconds(k: Kernel, hw: HardwareProfile, cal: EngineCalibration) -> Ke
 
 
 def price_engine_kernel(k: Kernel, hw: HardwareProfile, cal: EngineCalibration, fmt: RunFormat | None,
-                        kv_bytes: float) -> KernelTime:
-    """`fmt`: how the engine runs a GEMM's weights (cost/op_formats.py); `kv_bytes`: KV element size."""
+                        kv_bytes: float, mixed_step: bool = False) -> KernelTime:
+    """`fmt`: how the engine runs a GEMM's weights (cost/op_formats.py); `kv_bytes`: KV element size;
+    `mixed_step`: the step also carries a prompt chunk (attention_seconds)."""
     if k.moe is not None:
         return moe_seconds(k, hw, cal, fmt)
     if k.op is not None and k.op.attention is not None:
-        return attention_seconds(k, hw, cal, kv_bytes)
+        return attention_seconds(k, hw, cal, kv_bytes, mixed_step)
     if k.gemm is not None and k.op_class == "gemm":
         return gemm_seconds(k, hw, cal, fmt)
     return stream_seconds(k, hw, cal)

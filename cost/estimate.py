@@ -12,7 +12,7 @@ from .kernels import COMPUTE, MEMORY, OVERHEAD, KernelTime, attention_time, expe
 from .engine_kernels import allreduce_time, nearest_curve
 from .engine_kernels import stream_time as stream_engine
 from .engine_kernels.tuned_moe import config_note
-from .engine_pricing import price_engine_kernel
+from .engine_pricing import decode_rows_in_prefill, price_engine_kernel
 from .op_formats import RunFormat, formats_note, op_format
 from .parallel import (all_reduce_seconds, cross_node_all_reduce_seconds,
                        group_all_to_all_seconds)
@@ -224,7 +224,10 @@ def communication_seconds(trace: Trace, par: Parallelism, hw: HardwareProfile, a
 
 
 def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Parallelism = Parallelism(),
-             engine: str = DEFAULT_ENGINE) -> Estimate:
+             engine: str = DEFAULT_ENGINE, mixed_step: bool = False) -> Estimate:
+    """The trace priced on `hw`. `mixed_step`: the trace's decode rows share their step with a prompt chunk the
+    serving engine batches with them (serving/step_cost.py), which decides the kernel some engines run them on
+    (cost/engine_pricing.py decode_rows_in_prefill)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}' (choose from {', '.join(ENGINES)})")
     kernels = build_kernels(trace, execution, par.tp, par.ep, ep_style=par.ep_style, attention_dp=par.attention_dp)
@@ -238,7 +241,7 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
         dispatch = par.ep > 1 and par.ep_style == EP_DISPATCH
         formats = [op_format(k.op, engine, hw, trace.options.dtype, tuple(cal.moe), tuple(cal.gemm),
                              trace.architecture, dispatch) if k.op_class == GEMM else None for k in kernels]
-        priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, f, trace.kv_element_size))
+        priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, f, trace.kv_element_size, mixed_step))
                   for k, f in zip(kernels, formats)]
         notes += formats_note(kernels, formats, engine, hw)
         experts = next((op.experts.num_experts for op in trace.ops if op.experts is not None), 0)
@@ -332,17 +335,20 @@ def sampling_seconds(rows: float, vocab: int, hw: HardwareProfile, engine: str =
 _PRICE_CACHE: dict = {}
 
 
-def _cached_engine_price(k: Kernel, hw: HardwareProfile, cal, fmt: RunFormat | None, kv_bytes: float) -> KernelTime:
+def _cached_engine_price(k: Kernel, hw: HardwareProfile, cal, fmt: RunFormat | None, kv_bytes: float,
+                         mixed_step: bool = False) -> KernelTime:
     """Engine kernels of equal shape cost the same; layouts and steps repeat shapes, so price each once."""
     op = k.op
     if op is not None and op.state is not None:  # no engine kernel model for recurrent mixers: the roofline
         return state_time(k.flops, k.bytes, op.state, op.dtype, hw)
-    shape = (k.gemm, k.moe, op.attention if op is not None else None, k.op_class, k.bytes if k.gemm is None else 0)
+    attention = op.attention if op is not None else None
+    mixed_step = mixed_step and attention is not None and decode_rows_in_prefill(attention, cal)
+    shape = (k.gemm, k.moe, attention, k.op_class, k.bytes if k.gemm is None else 0, mixed_step)
     key = (hw.path or hw.key, id(cal), fmt, kv_bytes, shape)
     if key not in _PRICE_CACHE:
         if len(_PRICE_CACHE) > 200_000:
             _PRICE_CACHE.clear()
-        _PRICE_CACHE[key] = price_engine_kernel(k, hw, cal, fmt, kv_bytes)
+        _PRICE_CACHE[key] = price_engine_kernel(k, hw, cal, fmt, kv_bytes, mixed_step)
     return _PRICE_CACHE[key]
 
 

@@ -141,7 +141,7 @@ class HardwareProfile:
         cached = _ENGINE_CACHE.get(self.path or self.key)
         if cached is None:
             raw = self.engines_data if self.engines_data else ({"from": "h100"} if self.key != "h100" else {})
-            cached = _engines(raw, self.path or self.key, seen + (self.key,))
+            cached = _engines(raw, self.path or self.key, seen + (self.key,), self.vendor)
             if self.topology:
                 cached = _with_allreduce(cached, self.topologies[self.topology], self.path)
             if not self.peer_to_peer:   # no custom all-reduce (it maps the other GPUs' buffers): NCCL only
@@ -162,7 +162,8 @@ class HardwareProfile:
             return engines[name]
         if DEFAULT_ENGINE in engines:
             base = engines[DEFAULT_ENGINE]
-            return EngineCalibration(**{**base.__dict__, "engine": name,
+            # the default engine's kernel models, not how it batches attention (its backend's, mixed_step_decodes)
+            return EngineCalibration(**{**base.__dict__, "engine": name, "mixed_step_decodes": {},
                                         "origin": f"no {ENGINES[name].label} calibration for {self.name}: "
                                                   f"{ENGINES[DEFAULT_ENGINE].label}'s ({base.origin})"})
         raise ProfileError(f"{self.path or self.name}: no engine kernel calibration (add an 'engines' section "
@@ -274,14 +275,14 @@ def _efficiency(eff: dict | None, where: str, seen: tuple = (), name: str = "") 
                       communication=e.communication, origin=e.origin, eager_host_us=e.eager_host_us, fitted_on=name)
 
 
-def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
+def _engines(raw, where: str, seen: tuple, vendor: str) -> dict[str, EngineCalibration]:
     """The `engines` section: fitted calibrations, or `{"from": PROFILE}` (whole section or one engine) to inherit.
     A fitted calibration lacking a section takes it from the device's default engine, and says so."""
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: field 'engines' must be an object")
     if "from" in raw:
         parent = _parent(raw["from"], where, "engines", seen)
-        return {name: _scaled(_inherit(cal, parent), raw, where, "engines")
+        return {name: _scaled(_inherit(cal, parent, vendor), raw, where, "engines")
                 for name, cal in parent.engine_calibrations(seen).items()}
     out: dict[str, EngineCalibration] = {}
     for name, body in raw.items():
@@ -291,7 +292,7 @@ def _engines(raw, where: str, seen: tuple) -> dict[str, EngineCalibration]:
             raise ProfileError(f"{where}: field 'engines.{name}' must be an object")
         if "from" in body:
             parent = _parent(body["from"], where, f"engines.{name}", seen)
-            out[name] = _scaled(_inherit(parent.engine(name), parent), body, where, f"engines.{name}")
+            out[name] = _scaled(_inherit(parent.engine(name), parent, vendor), body, where, f"engines.{name}")
             continue
         try:
             out[name] = parse_calibration(name, body, f"engines.{name}")
@@ -355,11 +356,14 @@ def _scaled(cal: EngineCalibration, raw: dict, where: str, field_name: str) -> E
     return scale_calibration(cal, scaling, origin)
 
 
-def _inherit(cal: EngineCalibration, parent: "HardwareProfile") -> EngineCalibration:
-    """The parent's calibration, its origin naming the parent (and, when the parent carries it too, where from)."""
+def _inherit(cal: EngineCalibration, parent: "HardwareProfile", vendor: str) -> EngineCalibration:
+    """The parent's calibration, its origin naming the parent (and, when the parent carries it too, where from).
+    A part of another vendor takes the parent's kernel models, not how the engine batches attention there: that
+    is the backend the engine picks on the parent's GPUs (mixed_step_decodes: vLLM's FlashAttention on NVIDIA)."""
     origin = (f"carried over from the {parent.name} profile, which has it {cal.origin}"
               if cal.origin.startswith("carried over") else f"carried over from the {parent.name} fit")
-    return EngineCalibration(**{**cal.__dict__, "origin": origin})
+    backend = cal.mixed_step_decodes if parent.vendor == vendor else {}
+    return EngineCalibration(**{**cal.__dict__, "origin": origin, "mixed_step_decodes": backend})
 
 
 def parse_profile(data: dict, key: str, where: str, seen: tuple = ()) -> HardwareProfile:

@@ -16,6 +16,7 @@ from functools import cached_property
 
 import numpy as np
 
+from cost.engine_pricing import decode_rows_in_prefill
 from cost.engines import ENGINES, ServingOverheads, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
 from cost.op_formats import expert_resident, is_formats_note
@@ -85,6 +86,7 @@ class StepCost:
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
         self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
         self._decode_at: dict = {}   # (batch bucket, context) -> per sequence, interpolated in the context
+        self._mixed_at: dict = {}    # the same for decode rows beside a prompt chunk (mixed_decode_attention)
         self._prefill_at: dict = {}  # (token bucket, context, sequences bucket) -> per token, interpolated
         self._sampled: dict = {}     # rows -> sampling seconds
         self._memory: dict = {}      # (step tokens, memory fraction, reserve) -> ReplicaMemory
@@ -122,28 +124,39 @@ class StepCost:
                              f"tracecost prices its single steps (text_generate without --output-length), not serving")
         return traced
 
-    def _parts(self, request: Request) -> tuple[float, float]:
-        """(seconds without attention, attention seconds) of one forward."""
-        parts = self._cache.get(request)
+    def _parts(self, request: Request, mixed: bool = False) -> tuple[float, float]:
+        """(seconds without attention, attention seconds) of one forward; `mixed`: its decode rows share the step
+        with a prompt chunk (mixed_decode_attention)."""
+        parts = self._cache.get((request, mixed))
         if parts is None:
-            key = (request.num_queries, request.query_length, request.context_length, request.decode)
+            key = (request.num_queries, request.query_length, request.context_length, request.decode) + \
+                (("mixed",) if mixed else ())
             parts = self.shared.get(key) if self.shared is not None else None
             if parts is None:
-                e = estimate(self._trace(request), self.hw, self.execution, self.par, self.engine)
+                e = estimate(self._trace(request), self.hw, self.execution, self.par, self.engine, mixed_step=mixed)
                 parts = (_outside_attention(e), e.breakdown_s["attention"])
                 self._launches[request.query_length] = e.num_kernels
                 if self.shared is not None:
                     self.shared[key] = parts
-            self._cache[request] = parts
+            self._cache[(request, mixed)] = parts
         return parts
 
     def formats_notes(self) -> list[str]:
         """The weight format each kind of GEMM runs in (cost/op_formats.py), and how the layout's collectives and
         expert slots are priced, from a one-token step."""
         if self._formats_notes is None:
-            e = estimate(trace(self.spec, Request(1, 1, 0), self.options), self.hw, self.execution, self.par,
-                         self.engine)
+            one = trace(self.spec, Request(1, 1, 0), self.options)
+            e = estimate(one, self.hw, self.execution, self.par, self.engine)
             self._formats_notes = [n for n in e.notes if is_formats_note(n)] + e.layout_notes
+            if self.mixes_decode_rows:
+                cal = self.hw.engine(self.engine)
+                if any(op.attention is not None and decode_rows_in_prefill(op.attention, cal) for op in one.ops):
+                    how = ("the query heads of a KV head packed into one" if cal.mixed_step_decodes["packs_gqa"]
+                           else "one per query head")
+                    self._formats_notes.append(
+                        f"{ENGINES[self.engine].label} kernels: a step's decode rows, where the step also carries a "
+                        f"prompt chunk, priced in its prefill kernel, a query tile per row ({how}), not on its decode "
+                        f"kernel (the profile's engines.{self.engine}.mixed_step_decodes says why; docs/engines.md)")
         return self._formats_notes
 
     def linear(self, tokens: int) -> float:
@@ -266,31 +279,58 @@ class StepCost:
             v = self._decode_at[(bb, context)] = _pow2_lerp(lambda ctx: self._decode_per_seq(bb, ctx), max(1, context))
         return v * batch
 
-    def _attention_s(self, request: Request) -> float:
+    def _attention_s(self, request: Request, mixed: bool = False) -> float:
         """Attention seconds of a step of `request.num_queries` equal sequences (decode, or prefill chunks). The
         work is per sequence, so beyond two sequences it is derived from the traces of one and two
-        (serving/derived_trace.py, exact to the FLOP) and priced, not traced again."""
+        (serving/derived_trace.py, exact to the FLOP) and priced, not traced again. `mixed`: decode rows of a
+        step that also carries a prompt chunk (mixed_decode_attention)."""
         batch = request.num_queries
         if batch <= 2:
-            return self._parts(request)[1]
-        key = ("attention", batch, request.query_length, request.context_length, request.decode)
+            return self._parts(request, mixed)[1]
+        key = ("attention", batch, request.query_length, request.context_length, request.decode, mixed)
         seconds = self.shared.get(key) if self.shared is not None else None
         if seconds is None:
             one, two = (self._trace(replace(request, num_queries=b)) for b in (1, 2))
             derived = derive(one, two, request, 1, 2, batch, attention_work)
             if derived is None:
-                return self._parts(request)[1]
-            seconds = estimate(derived, self.hw, self.execution, self.par, self.engine).breakdown_s["attention"]
+                return self._parts(request, mixed)[1]
+            seconds = estimate(derived, self.hw, self.execution, self.par, self.engine,
+                               mixed_step=mixed).breakdown_s["attention"]
             if self.shared is not None:
                 self.shared[key] = seconds
         return seconds
 
-    def _decode_per_seq(self, batch_bucket: int, context_bucket: int) -> float:
-        v = self._decode.get((batch_bucket, context_bucket))
+    def _decode_per_seq(self, batch_bucket: int, context_bucket: int, mixed: bool = False) -> float:
+        key = (batch_bucket, context_bucket, mixed)
+        v = self._decode.get(key)
         if v is None:
-            v = self._decode[(batch_bucket, context_bucket)] = \
-                self._attention_s(Request(batch_bucket, 1, context_bucket, decode=True)) / batch_bucket
+            v = self._decode[key] = \
+                self._attention_s(Request(batch_bucket, 1, context_bucket, decode=True), mixed) / batch_bucket
         return v
+
+    @cached_property
+    def mixes_decode_rows(self) -> bool:
+        """Whether the engine runs a step's decode rows in its prefill kernel here when the step also carries a
+        prompt chunk (cost/engine_kernels/calibration.py mixed_step_decodes: vLLM's FlashAttention backend)."""
+        return self.execution == ENGINE and bool(self.hw.engine(self.engine).mixed_step_decodes)
+
+    def mixed_decode_attention(self, batch: float, context: float) -> float:
+        """Attention of `batch` decode rows (fractional: a mean) over `context` tokens each, in a step that also
+        carries a prompt chunk: decode_attention where the engine runs them on its decode kernel in every step, else
+        priced in its prefill kernel, a query tile per row (mixes_decode_rows)."""
+        if not self.mixes_decode_rows:
+            return _lerp(lambda b: self.decode_attention(b, round(context)), batch)
+
+        def at(b: int) -> float:
+            if b == 0:
+                return 0.0
+            bb = _pow2_at_least(b)
+            v = self._mixed_at.get((bb, round(context)))
+            if v is None:
+                v = self._mixed_at[(bb, round(context))] = _pow2_lerp(
+                    lambda ctx: self._decode_per_seq(bb, ctx, mixed=True), max(1, round(context)))
+            return v * b
+        return _lerp(at, batch)
 
     def decode_attention_from(self, batch: int, context: int, limit: int) -> np.ndarray:
         """decode_attention(batch, c) for c = context, context + 1, ... while c stays inside context's power-of-two
@@ -307,8 +347,11 @@ class StepCost:
         return (f_lo + (f_hi - f_lo) * (xs - lo) / (hi - lo)) * batch
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
-        tokens, attention = decode_batch, self.decode_attention(decode_batch, decode_context)
-        if chunks:     # one batched prefill call, at the chunks' mean length and context
+        tokens = decode_batch
+        if not chunks:
+            attention = self.decode_attention(decode_batch, decode_context)
+        else:          # one batched prefill call, at the chunks' mean length and context
+            attention = self.mixed_decode_attention(decode_batch, decode_context)
             chunk_tokens = sum(t for t, _ in chunks)
             tokens += chunk_tokens
             attention += self.prefill_attention(chunk_tokens / len(chunks), sum(c for _, c in chunks) / len(chunks),
@@ -405,7 +448,12 @@ class StepCost:
         if not decoding:
             attention = 0.0
         elif query == 1:
-            attention = _lerp(lambda b: self.decode_attention(b, round(decode_context)), decoding)
+            # a step in `chunks` carries a prompt chunk (at most one a step when chunks < 1): its decode rows are
+            # priced beside it, the others alone
+            mixed = min(1.0, chunks)
+            alone = _lerp(lambda b: self.decode_attention(b, round(decode_context)), decoding)
+            attention = alone if mixed <= 0 else \
+                mixed * self.mixed_decode_attention(decoding, decode_context) + (1.0 - mixed) * alone
         else:
             attention = self.prefill_attention(query, decode_context, decoding)
         if prefill_tokens > 0:

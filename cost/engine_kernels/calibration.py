@@ -54,6 +54,13 @@ class EngineCalibration:
     # from the fitted one; or one of ATTENTION_BACKENDS, priced with its own `<kv>_<backend>` models); empty: the
     # fitted kernel runs them
     sink_attention: dict = field(default_factory=dict)
+    # {"packs_gqa": BOOL, "why": TEXT}: the engine runs a step's one-token decode rows in its prefill kernel when the
+    # step also carries a prompt chunk (one varlen call for the whole batch: vLLM's FlashAttention backend, whose
+    # one-query decode path needs max_seqlen_q == 1), each row filling a query tile; `packs_gqa`: a tile holds the
+    # query heads of one KV head (FlashAttention-3's pack_gqa), else a CTA per query head (FlashAttention-2's split-KV
+    # kernel). Empty: decode rows run the decode kernel in every step (FlashInfer and MLA backends split the batch;
+    # SGLang and TensorRT-LLM run the phases on kernels of their own)
+    mixed_step_decodes: dict = field(default_factory=dict)
 
     @property
     def sink_backend(self) -> str:
@@ -84,7 +91,8 @@ class EngineCalibration:
                 values[name] = mine if mine is not None else theirs
         return EngineCalibration(engine=self.engine, origin=self.origin, release=self.release,
                                  inherited={**self.inherited, **taken}, carried=self.carried,
-                                 sink_attention=self.sink_attention, **values)
+                                 sink_attention=self.sink_attention, mixed_step_decodes=self.mixed_step_decodes,
+                                 **values)
 
     def with_format(self, key: str, params, label: str) -> "EngineCalibration":
         """This calibration with one `section.format` set to `params`, taken from `label` (said in notes)."""
@@ -101,6 +109,8 @@ class EngineCalibration:
             out["carried"] = self.carried
         if self.sink_attention:
             out["sink_attention"] = self.sink_attention
+        if self.mixed_step_decodes:
+            out["mixed_step_decodes"] = self.mixed_step_decodes
         if self.gemm:
             out["gemm"] = {k: v.to_json() for k, v in self.gemm.items()}
         for name in ("quant", "elementwise"):
@@ -153,9 +163,16 @@ def _sink_attention(data, where: str) -> dict:
     return dict(data)
 
 
+def _mixed_step_decodes(data, where: str) -> dict:
+    if not isinstance(data, dict) or set(data) != {"packs_gqa", "why"} or not isinstance(data["packs_gqa"], bool) \
+            or not isinstance(data["why"], str) or not data["why"]:
+        raise ValueError(f"{where}: must be {{\"packs_gqa\": true|false, \"why\": TEXT}}")
+    return dict(data)
+
+
 def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
     """Validate an `engines.<engine>` section (without `from`); every error names the field."""
-    allowed = {"origin", "release", "carried", "sink_attention", *SECTIONS}
+    allowed = {"origin", "release", "carried", "sink_attention", "mixed_step_decodes", *SECTIONS}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ValueError(f"{where}: unknown field '{unknown[0]}' (fields: {', '.join(sorted(allowed))})")
@@ -189,6 +206,8 @@ def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
         engine=engine, origin=origin, release=release, carried=_carried(data.get("carried", {}), f"{where}.carried"),
         sink_attention=_sink_attention(data["sink_attention"], f"{where}.sink_attention")
         if "sink_attention" in data else {},
+        mixed_step_decodes=_mixed_step_decodes(data["mixed_step_decodes"], f"{where}.mixed_step_decodes")
+        if "mixed_step_decodes" in data else {},
         gemm=_keyed(data.get("gemm", {}), f"{where}.gemm", GEMM_FORMATS, GemmParams),
         quant=optional("quant", StreamParams), elementwise=optional("elementwise", StreamParams),
         prefill_attention=_keyed(data.get("prefill_attention", {}), f"{where}.prefill_attention", PREFILL_KERNELS,
