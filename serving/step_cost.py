@@ -84,9 +84,8 @@ class StepCost:
         self._linear: dict = {}
         self._logits: dict = {}      # rows bucket -> seconds of the output projection of that many rows
         self._prefill: dict = {}     # (token bucket, context bucket) -> attention seconds per token
-        self._decode: dict = {}      # (batch bucket, context bucket) -> attention seconds per sequence
-        self._decode_at: dict = {}   # (batch bucket, context) -> per sequence, interpolated in the context
-        self._mixed_at: dict = {}    # the same for decode rows beside a prompt chunk (mixed_decode_attention)
+        self._decode: dict = {}      # (batch bucket, context bucket, beside a chunk) -> seconds per sequence
+        self._decode_at: dict = {}   # (batch bucket, context, beside a chunk) -> per sequence, interpolated
         self._prefill_at: dict = {}  # (token bucket, context, sequences bucket) -> per token, interpolated
         self._sampled: dict = {}     # rows -> sampling seconds
         self._memory: dict = {}      # (step tokens, memory fraction, reserve) -> ReplicaMemory
@@ -269,14 +268,16 @@ class StepCost:
 
         return _pow2_lerp(at_context, max(1.0, sequences)) * tokens * sequences
 
-    def decode_attention(self, batch: int, context: int) -> float:
-        """Decode attention per sequence, interpolated linearly in the context between power-of-two shapes."""
+    def decode_attention(self, batch: int, context: int, mixed: bool = False) -> float:
+        """Decode attention per sequence, interpolated linearly in the context between power-of-two shapes;
+        `mixed`: the rows share their step with a prompt chunk (mixed_decode_attention)."""
         if batch == 0:
             return 0.0
         bb = _pow2_at_least(batch)
-        v = self._decode_at.get((bb, context))
+        v = self._decode_at.get((bb, context, mixed))
         if v is None:
-            v = self._decode_at[(bb, context)] = _pow2_lerp(lambda ctx: self._decode_per_seq(bb, ctx), max(1, context))
+            v = self._decode_at[(bb, context, mixed)] = _pow2_lerp(lambda ctx: self._decode_per_seq(bb, ctx, mixed),
+                                                                   max(1, context))
         return v * batch
 
     def _attention_s(self, request: Request, mixed: bool = False) -> float:
@@ -318,19 +319,7 @@ class StepCost:
         """Attention of `batch` decode rows (fractional: a mean) over `context` tokens each, in a step that also
         carries a prompt chunk: decode_attention where the engine runs them on its decode kernel in every step, else
         priced in its prefill kernel, a query tile per row (mixes_decode_rows)."""
-        if not self.mixes_decode_rows:
-            return _lerp(lambda b: self.decode_attention(b, round(context)), batch)
-
-        def at(b: int) -> float:
-            if b == 0:
-                return 0.0
-            bb = _pow2_at_least(b)
-            v = self._mixed_at.get((bb, round(context)))
-            if v is None:
-                v = self._mixed_at[(bb, round(context))] = _pow2_lerp(
-                    lambda ctx: self._decode_per_seq(bb, ctx, mixed=True), max(1, round(context)))
-            return v * b
-        return _lerp(at, batch)
+        return _lerp(lambda b: self.decode_attention(b, round(context), self.mixes_decode_rows), batch)
 
     def decode_attention_from(self, batch: int, context: int, limit: int) -> np.ndarray:
         """decode_attention(batch, c) for c = context, context + 1, ... while c stays inside context's power-of-two
