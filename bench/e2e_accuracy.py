@@ -231,12 +231,14 @@ def main(argv=None) -> int:
               "submitter's rate:\n")
         print(operating_point_table(rates))
     if args.rows:
-        print("\n| id | model | gpu | tp | isl/osl | load | metric | predicted | measured | error |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("\n| id | engine | model | gpu | tp | isl/osl | load | metric | predicted | measured | error |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r, pr in rows:
-            load = f"{r.load.value:g}/s" if r.load.kind == "rate" else f"{r.load.requests} at once"
+            load = (f"{r.load.value:g}/s" if r.load.kind == "rate" else
+                    f"{r.load.value:g} users" if r.load.kind == "concurrency" else f"{r.load.requests} at once")
             for m, v in r.measured.items():
-                print(f"| {r.id} | {r.model} | {r.device} | {r.tp} | {r.isl}/{r.osl} | {load} | {m} | {pr[m]:.1f} | "
+                print(f"| {r.id} | {r.engine} {r.release or '(commit)'} | {r.model} | {r.device} | {r.tp} | "
+                      f"{r.isl}/{r.osl} | {load} | {m} | {pr[m]:.1f} | "
                       f"{v:.1f} | {pr[m] / v - 1:+.1%} |")
     return 0
 
