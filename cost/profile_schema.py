@@ -14,7 +14,7 @@ import re
 from dataclasses import fields as dataclass_fields
 from typing import Annotated, Any
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError,
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError,
                       field_validator, model_validator)
 
 from .engines import ENGINES

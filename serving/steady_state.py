@@ -438,12 +438,12 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
     if load.kind == RATE:
         ok, limited, _ = feasible(load.value)
         if ok:
-            state = result(load.value, True, "load")
+            settled = result(load.value, True, "load")
             if load.requests:   # a finite run lasts from the first arrival to the last request's last token
-                duration = (load.requests - 1) / load.value + state.e2e_s["mean"]
-                state.output_tokens_per_s = load.requests * o / duration
-                state.total_tokens_per_s = load.requests * (input_tokens + o) / duration
-            return state
+                duration = (load.requests - 1) / load.value + settled.e2e_s["mean"]
+                settled.output_tokens_per_s = load.requests * o / duration
+                settled.total_tokens_per_s = load.requests * (input_tokens + o) / duration
+            return settled
         top = saturation()
         _, limited, _ = feasible(top * 1.01)        # what binds at the edge, not at the offered rate
         again = preempting(limited, state(top)[0])
@@ -478,9 +478,9 @@ def solve(step, input_tokens: int, output_tokens: int, cached_tokens: int, load:
         tail = lengths.longest("output") if lengths is not None else o
         makespan = load.requests / top + steady.ttft_s["mean"] + (tail - 1) * steady.tpot_s
         rate = load.requests / makespan
-        ttft = {k: v + load.requests / top / 2 for k, v in steady.ttft_s.items()}
-        return SteadyState(True, rate, steady.running, steady.step_s, ttft, steady.tpot_s,
-                           {k: v + (o - 1) * steady.tpot_s for k, v in ttft.items()}, rate * o,
+        waits = {k: v + load.requests / top / 2 for k, v in steady.ttft_s.items()}
+        return SteadyState(True, rate, steady.running, steady.step_s, waits, steady.tpot_s,
+                           {k: v + (o - 1) * steady.tpot_s for k, v in waits.items()}, rate * o,
                            rate * (input_tokens + o), limited,
                            f"{load.requests} requests queued at once (steady state over the waves)",
                            steady.tpot_q_s, 0.0, described)

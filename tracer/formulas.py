@@ -208,7 +208,7 @@ def llama4(cfg: dict) -> ModelShape:
 
 def qwen3_next(cfg: dict) -> ModelShape:
     """Qwen3-Next / Qwen3.5: Gated DeltaNet layers and gated full attention (q_proj also emits the gate)."""
-    n, h = cfg["num_hidden_layers"], cfg["hidden_size"]
+    h = cfg["hidden_size"]
     heads, kv_heads, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     k_heads, v_heads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
