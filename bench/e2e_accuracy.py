@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.common import positive_int  # noqa: E402
 from cost.engines import ServingOverheads  # noqa: E402
+from cost.profile import profiles_dir  # noqa: E402
 from serving.published import METRICS, Predictor, PredictorPool, load_published, rate_within_limits  # noqa: E402
 
 DEFAULT_DATA = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e").glob("*.jsonl"))
@@ -74,6 +75,69 @@ def target_table(found: list[dict]) -> str:
              f"abs(signed) <= {TARGET_SIGNED:.0%} |", "|---|---|---|---|---|---|"]
     lines += [f"| {t['source']} | {t['release']} | {t['n']} | {t['median']:.1%} | {t['signed_median']:+.1%} | "
               f"{'met' if t['met'] else 'missed'} |" for t in found]
+    return "\n".join(lines)
+
+
+# issue 19's other checks: the highest rate within the p99 limits (MLPerf Server/Interactive) within 10% of the
+# submitter's, the mean TTFT and TPOT at the submitter's rate within 25%, and MI300X fitted on one vLLM release
+# within 12% on the others' rows
+RATE_TARGET, EXACT_RATE_TARGET, HELD_OUT_TARGET = 0.10, 0.25, 0.12
+
+
+def fitted_row_ids(device: str) -> set[str]:
+    """The development rows a device's committed serving fit was fitted on (its profile's record of the fit)."""
+    data = json.loads((profiles_dir() / f"{device}.json").read_text())
+    fit = (data.get("engines") or {}).get("serving_fit") or {}
+    return set((fit.get("source") or {}).get("fitted_rows") or [])
+
+
+def scorecard(rows: list[tuple], rates: list[tuple]) -> list[dict]:
+    """Each of issue 19's "done when" checks the bench can measure, per source (or release): the value, its target
+    and whether it is met."""
+    out = []
+    found = targets(rows)
+    out.append({"check": "output tokens/s per source and engine release", "group": "all",
+                "value": f"{sum(t['met'] for t in found)} of {len(found)} met",
+                "target": f"median <= {TARGET_MEDIAN:.0%}, abs(signed) <= {TARGET_SIGNED:.0%}",
+                "met": all(t["met"] for t in found)})
+    by_source: dict = defaultdict(list)
+    for run, predicted, submitted, *_ in rates:
+        by_source[run.source_kind].append(predicted / submitted - 1)
+    for source, v in sorted(by_source.items()):
+        s = stats(v)
+        out.append({"check": "highest rate within the p99 limits", "group": source, "value": f"{s['median']:.1%}",
+                    "target": f"<= {RATE_TARGET:.0%}", "met": s["median"] <= RATE_TARGET})
+    exact: dict = defaultdict(lambda: defaultdict(list))
+    for run, pred in rows:
+        if run.latency_limits and run.load.kind == "rate":
+            for m in ("ttft_ms", "tpot_ms"):
+                if m in run.measured and m in pred:
+                    exact[run.source_kind][m].append(pred[m] / run.measured[m] - 1)
+    for source, ms in sorted(exact.items()):
+        for m, v in ms.items():
+            s = stats(v)
+            out.append({"check": f"mean {m.split('_')[0].upper()} at the submitter's rate", "group": source,
+                        "value": f"{s['median']:.1%}", "target": f"<= {EXACT_RATE_TARGET:.0%}",
+                        "met": s["median"] <= EXACT_RATE_TARGET})
+    fitted = fitted_row_ids("mi300x")
+    held: dict = defaultdict(list)
+    for run, pred in rows:
+        if run.device == "mi300x" and run.engine == "vllm" and fitted and run.id not in fitted:
+            for m, v in run.measured.items():
+                if m in pred:
+                    held[(run.release, m)].append(pred[m] / v - 1)
+    for (release, metric), v in sorted(held.items()):
+        s = stats(v)
+        out.append({"check": "MI300X held out from its one-release fit", "group": f"vllm {release}, {metric}",
+                    "value": f"{s['median']:.1%}", "target": f"<= {HELD_OUT_TARGET:.0%}",
+                    "met": s["median"] <= HELD_OUT_TARGET})
+    return out
+
+
+def scorecard_table(checks: list[dict]) -> str:
+    lines = ["| check | group | value | target | |", "|---|---|---|---|---|"]
+    lines += [f"| {c['check']} | {c['group']} | {c['value']} | {c['target']} | {'met' if c['met'] else 'missed'} |"
+              for c in checks]
     return "\n".join(lines)
 
 
@@ -209,6 +273,7 @@ def main(argv=None) -> int:
                                         for m, why in r.set_aside.items()],
                           "groups": {" / ".join(k): {m: stats(v) for m, v in ms.items()} for k, ms in errs.items()},
                           "targets": targets(rows),
+                          "scorecard": scorecard(rows, rates),
                           "rate_within_limits": [{"id": r.id, "predicted": p, "submitted": s, "at_predicted_rate": a,
                                                   "tpot_steepness": k} for r, p, s, a, k in rates],
                           "predictions": [{"id": r.id, "measured": r.measured, "predicted": pr} for r, pr in rows]},
@@ -230,6 +295,8 @@ def main(argv=None) -> int:
               "rate, measured at the submitter's), and the predicted TPOT's steepness in the rate at the "
               "submitter's rate:\n")
         print(operating_point_table(rates))
+    print("\nIssue 19's checks (every development row this run predicted):\n")
+    print(scorecard_table(scorecard(rows, rates)))
     if args.rows:
         print("\n| id | engine | model | gpu | tp | isl/osl | load | metric | predicted | measured | error |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")

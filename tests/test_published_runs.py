@@ -140,3 +140,39 @@ def test_the_accuracy_bench_scores_each_source_and_release_against_issue_19s_tar
     assert not found[("a", "vllm 0.10")]["met"]          # median 6% but signed +6%: biased
     assert not found[("b", "vllm (commit only)")]["met"] and found[("b", "vllm (commit only)")]["n"] == 3
     assert "| a | vllm 0.10 | 3 | 6.0% | +6.0% | missed |" in bench.target_table(bench.targets(rows))
+
+
+def test_the_accuracy_bench_scorecard_checks_issue_19s_rate_exact_rate_and_held_out_targets():
+    """The scorecard's MLPerf checks (rate within 10%, means at the exact rate within 25%) and the MI300X held-out
+    check, which takes the rows the committed fit did not see from the profile's own record."""
+    import importlib.util
+    from types import SimpleNamespace
+    path = Path(__file__).resolve().parents[1] / "bench" / "e2e_accuracy.py"
+    spec = importlib.util.spec_from_file_location("e2e_accuracy", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def server(i, ttft_error, tpot_error):
+        run = SimpleNamespace(id=f"s{i}", source_kind="mlperf", engine="trtllm", release=None, device="h100",
+                              latency_limits={"ttft_ms": 2000, "tpot_ms": 200}, load=SimpleNamespace(kind="rate"),
+                              measured={"ttft_ms": 100.0, "tpot_ms": 100.0, "output_tok_s": 100.0})
+        return run, {"ttft_ms": 100 * (1 + ttft_error), "tpot_ms": 100 * (1 + tpot_error), "output_tok_s": 100.0}
+    rows = [server(i, e, 0.1) for i, e in enumerate((0.3, -0.4, 0.5))]
+    fitted = sorted(bench.fitted_row_ids("mi300x"))
+    assert fitted, "the MI300X profile records the rows its serving fit saw"
+
+    def amd(run_id, release, error):
+        run = SimpleNamespace(id=run_id, source_kind="rocm", engine="vllm", release=release, device="mi300x",
+                              latency_limits={}, load=SimpleNamespace(kind="max"), measured={"output_tok_s": 100.0})
+        return run, {"output_tok_s": 100.0 * (1 + error)}
+    rows += [amd(fitted[0], "0.8", 0.5), amd("held-1", "0.6", 0.05), amd("held-2", "0.4", -0.2)]
+    rates = [(r, s * (1 + e), s) for (r, _), s, e in zip(rows, (10.0, 10.0, 10.0), (0.05, -0.02, 0.15))]
+    checks = {(c["check"], c["group"]): c for c in bench.scorecard(rows, rates)}
+    assert checks[("highest rate within the p99 limits", "mlperf")]["met"]                 # median |error| 5%
+    assert not checks[("mean TTFT at the submitter's rate", "mlperf")]["met"]              # median 40%
+    assert checks[("mean TPOT at the submitter's rate", "mlperf")]["met"]                  # 10%
+    assert checks[("MI300X held out from its one-release fit", "vllm 0.6, output_tok_s")]["met"]
+    assert not checks[("MI300X held out from its one-release fit", "vllm 0.4, output_tok_s")]["met"]
+    assert not any(g.startswith("vllm 0.8") for _, g in checks)      # a fitted row is never scored as held out
+    assert "| highest rate within the p99 limits | mlperf | 5.0% | <= 10% | met |" in \
+        bench.scorecard_table(bench.scorecard(rows, rates))
