@@ -25,10 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.common import positive_int  # noqa: E402
 from cost.engines import ServingOverheads  # noqa: E402
-from cost.profile import profiles_dir  # noqa: E402
+from cost.profile import load_profile  # noqa: E402
 from serving.published import METRICS, Predictor, PredictorPool, load_published, rate_within_limits  # noqa: E402
 
 DEFAULT_DATA = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "shared" / "measurements" / "e2e").glob("*.jsonl"))
+
+
+def release_label(run) -> str:
+    """A row's engine release as the groups name it ("vllm 0.11"; MLPerf's TensorRT-LLM rows name only a commit)."""
+    return f"{run.engine} {run.release or '(commit only)'}"
 
 
 def errors(rows: list[tuple]) -> dict:
@@ -38,9 +43,8 @@ def errors(rows: list[tuple]) -> dict:
         for m in METRICS:
             if m in run.measured and m in pred:
                 e = pred[m] / run.measured[m] - 1
-                release = f"{run.engine} {run.release or '(commit only)'}"
-                for key in (("all",), (run.source_kind,), ("release", release), (run.source_kind, run.device),
-                            (run.source_kind, run.device, run.model)):
+                for key in (("all",), (run.source_kind,), ("release", release_label(run)),
+                            (run.source_kind, run.device), (run.source_kind, run.device, run.model)):
                     out[key][m].append(e)
     return out
 
@@ -60,8 +64,8 @@ def targets(rows: list[tuple]) -> list[dict]:
     groups: dict = defaultdict(list)
     for run, pred in rows:
         if "output_tok_s" in run.measured and "output_tok_s" in pred:
-            release = f"{run.engine} {run.release or '(commit only)'}"
-            groups[(run.source_kind, release)].append(pred["output_tok_s"] / run.measured["output_tok_s"] - 1)
+            error = pred["output_tok_s"] / run.measured["output_tok_s"] - 1
+            groups[(run.source_kind, release_label(run))].append(error)
     out = []
     for (source, release), v in sorted(groups.items()):
         s = stats(v)
@@ -86,8 +90,7 @@ RATE_TARGET, EXACT_RATE_TARGET, HELD_OUT_TARGET = 0.10, 0.25, 0.12
 
 def fitted_row_ids(device: str) -> set[str]:
     """The development rows a device's committed serving fit was fitted on (its profile's record of the fit)."""
-    data = json.loads((profiles_dir() / f"{device}.json").read_text())
-    fit = (data.get("engines") or {}).get("serving_fit") or {}
+    fit = load_profile(device).engines_data.get("serving_fit") or {}
     return set((fit.get("source") or {}).get("fitted_rows") or [])
 
 
@@ -304,7 +307,7 @@ def main(argv=None) -> int:
             load = (f"{r.load.value:g}/s" if r.load.kind == "rate" else
                     f"{r.load.value:g} users" if r.load.kind == "concurrency" else f"{r.load.requests} at once")
             for m, v in r.measured.items():
-                print(f"| {r.id} | {r.engine} {r.release or '(commit)'} | {r.model} | {r.device} | {r.tp} | "
+                print(f"| {r.id} | {release_label(r)} | {r.model} | {r.device} | {r.tp} | "
                       f"{r.isl}/{r.osl} | {load} | {m} | {pr[m]:.1f} | "
                       f"{v:.1f} | {pr[m] / v - 1:+.1%} |")
     return 0
