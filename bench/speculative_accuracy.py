@@ -5,8 +5,10 @@
 Rows: every development-set row with a draft (chains and SGLang's trees) and the curated published runs in
 bench/data/speculative_published.jsonl, each with its source. Each is predicted as
 `serving/published.py` predicts any row (its stated model, GPU, layout, formats, lengths and load), with the
-acceptance the run states, else the method's published default (serving/data/speculative.json). The same run
-without speculation is shown beside it.
+acceptance the run states, else the one a closed loop's stream shows (its mean ITL over its mean TPOT: one streamed
+chunk a step, serving/published_rows.py stream_acceptance), else the method's published default
+(serving/data/speculative.json). The same run without speculation is shown beside it, and the rows whose acceptance
+came from their stream are also scored at the method's default, what a user without it would be told.
 
 Then the crossover SpecDecode-Bench states (arXiv 2601.11580, Tree vs. Chain Verification; SGLang 0.5.9, EAGLE on
 Qwen3-8B, GSM8K, one H100): with the acceptance lengths it reports, the speedup of output tokens/s at a fixed decode
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost.profile import load_profile                                          # noqa: E402
 from serving.published import Predictor, load_published                        # noqa: E402
+from serving.published_rows import STREAMED_ACCEPTANCE                           # noqa: E402
 from serving.speculative import parse_speculation, speculative_step, speedup_at_batch   # noqa: E402
 from serving.step_cost import StepCost                                         # noqa: E402
 from tracer import TraceOptions, resolve_model                                 # noqa: E402
@@ -60,6 +63,16 @@ PR24322_K = (3, 4, 5, 6, 7, 8)
 
 SCORED = ("tpot_ms", "output_tok_s")   # issue 22's criterion: TPOT and output tokens/s within 20%
 SHOWN = SCORED + ("ttft_ms",)
+
+
+def _errors(run, pred: dict) -> dict:
+    return {m: pred[m] / v - 1 for m, v in run.measured.items() if m in pred and v}
+
+
+def at_default(spec):
+    """The same draft with the method's published default acceptance (a tree's widened)."""
+    name = f"draft:{spec.draft_model}" if spec.method == "draft" else spec.method
+    return parse_speculation(name, spec.k, topk=spec.topk, draft_tokens=spec.draft_tokens or None)
 
 
 def summary(rows: list[dict]) -> list[list[str]]:
@@ -110,7 +123,11 @@ def main(argv=None) -> int:
         row = {"id": run.id, "setup": run.speculation.label, "tokens_per_step": run.speculation.tokens_per_step,
                "acceptance_from": run.speculation.source.split(":")[0], "device": run.device, "engine": run.engine,
                "measured": run.measured, "predicted": pred, "without_speculation": plain,
-               "error": {m: pred[m] / v - 1 for m, v in run.measured.items() if m in pred and v}}
+               "error": _errors(run, pred)}
+        if STREAMED_ACCEPTANCE in run.speculation.source:    # what a user without that acceptance is told
+            default = replace(run, speculation=at_default(run.speculation))
+            row["at_default"] = {"tokens_per_step": default.speculation.tokens_per_step,
+                                 "error": _errors(run, predictor.predict(default)[0])}
         out.append(row)
     cross = crossover()
     if args.json:
@@ -131,6 +148,14 @@ def main(argv=None) -> int:
     print(format_table(["runs", "rows", "TPOT median |error|", "tok/s median |error|", "TTFT median |error|",
                         "TPOT and tok/s within 20%"], summary(out), title="Per method and source"))
     print()
+    streamed = [{**r, "tokens_per_step": r["at_default"]["tokens_per_step"], "error": r["at_default"]["error"]}
+                for r in out if "at_default" in r]
+    if streamed:
+        print(format_table(["runs", "rows", "TPOT median |error|", "tok/s median |error|", "TTFT median |error|",
+                            "TPOT and tok/s within 20%"], summary(streamed),
+                           title="The rows whose acceptance their stream shows, at the method's default acceptance "
+                                 "instead"))
+        print()
     sweep = pr24322_sweep(out)
     if sweep:
         print(format_table(["setup", "users"] + [f"k={k}" for k in PR24322_K], sweep,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -178,9 +178,26 @@ SPECULATIVE_METHODS = {"mtp": "mtp", "deepseek_mtp": "mtp", "nextn": "mtp", "eag
 SGLANG_AUTO_TREE = (5, 4, 8)
 
 
-def _speculation(stated: dict, engine: str | None = None) -> tuple[Speculation | None, str | None]:
+# how a Speculation's source names an acceptance length taken from the run's stream (stream_acceptance)
+STREAMED_ACCEPTANCE = "from the run's stream"
+
+
+def stream_acceptance(r: dict) -> float | None:
+    """The acceptance length a speculative run's own stream shows where the row states none: the mean tokens a step
+    gains is its mean ITL over its mean TPOT, since the engine streams each step's accepted tokens as one chunk and
+    the client times a gap per chunk (ITL) but divides a request's time by its tokens (TPOT). Only a closed loop of
+    users qualifies: in a burst a chunk's gap can also hold a prefill step that the TPOT of other requests shares."""
+    itl, tpot = (r.get("itl_ms") or {}).get("mean"), (r.get("tpot_ms") or {}).get("mean")
+    if (r.get("spec_decode") or {}).get("acceptance") or not r.get("concurrency") or not itl or not tpot:
+        return None
+    return itl / tpot
+
+
+def _speculation(stated: dict, engine: str | None = None,
+                 streamed_length: float | None = None) -> tuple[Speculation | None, str | None]:
     """The draft a row's spec_decode states (a chain, or a tree: top-k > 1 with its verified draft tokens), or
-    (None, why not)."""
+    (None, why not). Its acceptance is the one the row states, else the one its stream shows (`streamed_length`,
+    stream_acceptance) where that is a length the draft can reach, else the method's published default."""
     method = (stated.get("method") or "").lower()
     if method == "eagle" and "mtp" in (stated.get("draft_model") or "").lower():
         method = "mtp"           # SGLang runs DeepSeek's MTP head through its EAGLE worker
@@ -198,11 +215,19 @@ def _speculation(stated: dict, engine: str | None = None) -> tuple[Speculation |
         k, topk, n = SGLANG_AUTO_TREE
     if not k:
         return None, "speculative tokens per step not stated"
+    shape = dict(topk=int(topk), draft_tokens=int(n) if topk > 1 and n else None)
     try:
-        return parse_speculation(name, int(k), acceptance_length=stated.get("acceptance") or None, topk=int(topk),
-                                 draft_tokens=int(n) if topk > 1 and n else None), None
+        spec = parse_speculation(name, int(k), acceptance_length=stated.get("acceptance") or None, **shape)
     except ValueError as e:
         return None, str(e)
+    if streamed_length is not None and not stated.get("acceptance"):
+        try:
+            shown = parse_speculation(name, int(k), acceptance_length=streamed_length, **shape)
+        except ValueError:    # beyond what the draft can gain: the stream is not one chunk a step
+            return spec, None
+        spec = replace(shown, source=f"acceptance length {streamed_length:.2f} {STREAMED_ACCEPTANCE}: its mean "
+                                     f"ITL over its mean TPOT")
+    return spec, None
 
 
 def _skip_reason(r: dict, model, device, engine) -> str | None:
@@ -337,7 +362,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         _MLPERF_LIMITS.get((model, scenario), {}) if r["source_kind"].startswith("mlperf") else {},
         next((name for key, name in DATASET_LENGTHS.items() if key.lower() in (r.get("dataset") or "").lower()), None),
         flags.api_servers if flags.api_server else 0,
-        _speculation(r["spec_decode"], engine)[0] if r.get("spec_decode") else None, _prefix_hit_rate(r),
+        _speculation(r["spec_decode"], engine, stream_acceptance(r))[0] if r.get("spec_decode") else None,
+        _prefix_hit_rate(r),
         streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler,
         mixed_chunk=flags.mixed_chunk, set_aside=set_aside, chat_requests=_chat_requests(r),
         scheduler_steps=flags.scheduler_steps)
@@ -360,4 +386,5 @@ def load_published(*paths: str) -> tuple[list[PublishedRun], list[tuple[str, str
     return runs, skipped
 
 
-__all__ = ["DEVICES", "METRICS", "MODELS", "PublishedRun", "load_published", "map_row"]
+__all__ = ["DEVICES", "METRICS", "MODELS", "PublishedRun", "STREAMED_ACCEPTANCE", "load_published", "map_row",
+           "stream_acceptance"]

@@ -58,3 +58,41 @@ def test_the_benchmark_scores_tpot_and_tokens_per_second_not_ttft():
     [line] = bench.summary(rows)
     assert line[0] == "eagle3 (src)" and line[-1] == "1 of 2"
     assert line[2:5] == ["17.5%", "12.5%", "30.0%"]     # TPOT, tok/s, TTFT medians of |error|
+
+
+def test_a_closed_loop_run_without_a_stated_acceptance_takes_the_one_its_stream_shows():
+    """Each streamed chunk is one step's accepted tokens, so mean ITL / mean TPOT is the acceptance length: on the
+    PR #24322 runs, whose rows state the engine's logged one, it agrees within 4%."""
+    from serving.published_rows import map_row, stream_acceptance
+    from serving.speculative import parse_speculation
+    sweep = [r for r in rows() if SWEEP.match(r["id"]) and isinstance(r.get("itl_ms"), dict)]
+    assert len(sweep) > 60
+    for r in sweep:
+        unstated = {**r, "spec_decode": {**r["spec_decode"], "acceptance": None}}
+        assert stream_acceptance(unstated) == pytest.approx(r["spec_decode"]["acceptance"], rel=0.04)
+        assert stream_acceptance(r) is None      # a stated acceptance is the run's own
+    row = next(r for r in sweep if r["id"].endswith("eagle3-k3-c4"))
+    unstated = {**row, "spec_decode": {**row["spec_decode"], "acceptance": None}}
+    run, why = map_row(unstated)
+    assert why is None and "from the run's stream" in run.speculation.source
+    assert run.speculation.tokens_per_step == pytest.approx(stream_acceptance(unstated), rel=1e-3)
+    default = parse_speculation("eagle3", 3).tokens_per_step
+    # a burst's chunk gaps can hold prefill steps: it keeps the default, as does a ratio the draft cannot reach
+    burst, _ = map_row({**unstated, "concurrency": None})
+    assert burst.speculation.source.startswith("default") and burst.speculation.tokens_per_step == default
+    beyond = {**unstated, "itl_ms": {**unstated["itl_ms"], "mean": 10 * unstated["tpot_ms"]["mean"]}}
+    assert map_row(beyond)[0].speculation.tokens_per_step == default
+
+
+def test_the_benchmark_scores_streamed_acceptances_at_the_default_too():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("speculative_accuracy", DATA.parents[1] / "speculative_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from serving.speculative import parse_speculation
+    tree = parse_speculation("eagle3", 4, acceptance_length=2.36, topk=4, draft_tokens=16)
+    default = bench.at_default(tree)
+    assert (default.k, default.topk, default.verify_tokens) == (4, 4, 16)
+    assert default.source.startswith("default")
+    assert default.tokens_per_step == pytest.approx(parse_speculation("eagle3", 4, topk=4, draft_tokens=16)
+                                                    .tokens_per_step)
