@@ -130,7 +130,8 @@ class ServingMeasurement:
     filled: tuple[str, ...] = ()                    # fields taken from RunFacts, not from the file
     lengths: str | None = None   # a bundled length set the run's dataset follows (serving/lengths.py), else fixed
     chat_requests: bool = False  # sent as chat completions (`vllm bench serve --backend openai-chat`)
-    unpriced: str = ""           # why tracecost cannot price this run (a development-set row the predictor refuses)
+    unpriced: str = ""           # why tracecost cannot price this run (a development-set row the predictor refuses,
+                                 # a served run that speculates)
     run: PublishedRun | None = None   # a development-set row as the predictor reads it (serving/published_rows.py)
 
     @property
@@ -185,6 +186,14 @@ def _record(where: str, fmt: str, stated: dict, facts: RunFacts, measured: dict,
                               tp=int(values["tp"]), isl=float(values["isl"]), osl=float(values["osl"]))
 
 
+# tokens a streamed chunk carries (mean ITL / mean TPOT) above which a run of a fixed number of users streams several
+# tokens a step: a server that speculates sends a step's accepted tokens as one chunk. The development set's runs of
+# a fixed number of users stream 0.99-1.11 tokens a chunk without a draft (16 runs) and 2.0-5.7 with one (83)
+MULTI_TOKEN_CHUNKS = 1.3
+SPECULATING = ("its stream carries several tokens a chunk (mean ITL over mean TPOT above 1.3): the server speculates, "
+               "which --from-serving does not price")
+
+
 def parse_vllm_serve(data: dict, where: str, facts: RunFacts) -> list[ServingMeasurement]:
     done = _number(data, "completed", where)
     if not done:
@@ -204,7 +213,10 @@ def parse_vllm_serve(data: dict, where: str, facts: RunFacts) -> list[ServingMea
     stated = {"model": data.get("model_id"), "isl": isl, "osl": osl, "engine": ENGINES.get(str(data.get("backend")))}
     # its backend is the client's endpoint: vllm / openai post completions, openai-chat (and *-chat) chats
     chat = "chat" in str(data.get("backend") or data.get("endpoint_type") or "")
-    return [replace(_record(where, "vllm_serve", stated, facts, measured, load, value), chat_requests=chat)]
+    itl, tpot = _number(data, "mean_itl_ms", where, required=False), measured.get("tpot_ms")
+    unpriced = SPECULATING if load == CONCURRENCY and itl and tpot and itl / tpot > MULTI_TOKEN_CHUNKS else ""
+    return [replace(_record(where, "vllm_serve", stated, facts, measured, load, value), chat_requests=chat,
+                    unpriced=unpriced)]
 
 
 def parse_vllm_latency(data: dict, where: str, facts: RunFacts) -> list[ServingMeasurement]:

@@ -30,6 +30,24 @@ def test_vllm_bench_serve_json():
     assert m.filled == ("device",)
 
 
+def test_a_served_run_that_speculates_is_skipped_with_why(tmp_path):
+    """A server that speculates streams a step's accepted tokens as one chunk, so its mean ITL is several TPOTs;
+    --from-serving prices one token a step and must not fit on it."""
+    data = json.loads((DATA / "vllm_bench_serve.json").read_text())
+    (plain,) = load_file(str(DATA / "vllm_bench_serve.json"), RunFacts(device="h100"))
+    assert plain.unpriced == ""                                   # 36.1 ms ITL over 36.2 ms TPOT
+    path = tmp_path / "eagle.json"
+    path.write_text(json.dumps({**data, "mean_tpot_ms": 12.0, "mean_itl_ms": 36.1}))
+    (spec,) = load_file(str(path), RunFacts(device="h100"))
+    assert "speculates" in spec.unpriced
+    logged = []
+    assert usable_rows([plain, spec], load_profile("h100"), "vllm", logged.append) == [plain]
+    assert any("skipped 1 rows" in line and "speculates" in line for line in logged)
+    burst = tmp_path / "burst.json"     # a burst's gaps can hold prefill steps: the ratio says nothing there
+    burst.write_text(json.dumps({**data, "max_concurrency": None, "mean_tpot_ms": 12.0, "mean_itl_ms": 36.1}))
+    assert load_file(str(burst), RunFacts(device="h100"))[0].unpriced == ""
+
+
 def test_benchmark_latency_json_needs_the_run_from_flags():
     facts = RunFacts(model="llama-3.1-70b", device="mi300x", tp=8, dtype="fp8", kv_dtype="fp8", isl=128, osl=2048)
     with pytest.raises(MeasurementError, match="batch size; pass --batch-size"):
