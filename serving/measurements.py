@@ -190,8 +190,8 @@ def _record(where: str, fmt: str, stated: dict, facts: RunFacts, measured: dict,
 # tokens a step: a server that speculates sends a step's accepted tokens as one chunk. The development set's runs of
 # a fixed number of users stream 0.99-1.11 tokens a chunk without a draft (16 runs) and 2.0-5.7 with one (83)
 MULTI_TOKEN_CHUNKS = 1.3
-SPECULATING = ("its stream carries several tokens a chunk (mean ITL over mean TPOT above 1.3): the server speculates, "
-               "which --from-serving does not price")
+SPECULATING = (f"its stream carries several tokens a chunk (mean ITL over mean TPOT above {MULTI_TOKEN_CHUNKS:g}): "
+               "the server speculates, which --from-serving does not price")
 
 
 def parse_vllm_serve(data: dict, where: str, facts: RunFacts) -> list[ServingMeasurement]:
