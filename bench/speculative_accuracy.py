@@ -71,8 +71,7 @@ def _errors(run, pred: dict) -> dict:
 
 def at_default(spec):
     """The same draft with the method's published default acceptance (a tree's widened)."""
-    name = f"draft:{spec.draft_model}" if spec.method == "draft" else spec.method
-    return parse_speculation(name, spec.k, topk=spec.topk, draft_tokens=spec.draft_tokens or None)
+    return parse_speculation(spec.method_name, spec.k, topk=spec.topk, draft_tokens=spec.draft_tokens or None)
 
 
 def summary(rows: list[dict]) -> list[list[str]]:

@@ -197,7 +197,8 @@ def _speculation(stated: dict, engine: str | None = None,
                  streamed_length: float | None = None) -> tuple[Speculation | None, str | None]:
     """The draft a row's spec_decode states (a chain, or a tree: top-k > 1 with its verified draft tokens), or
     (None, why not). Its acceptance is the one the row states, else the one its stream shows (`streamed_length`,
-    stream_acceptance) where that is a length the draft can reach, else the method's published default."""
+    which stream_acceptance gives only where the row states none) where that is a length the draft can reach, else
+    the method's published default."""
     method = (stated.get("method") or "").lower()
     if method == "eagle" and "mtp" in (stated.get("draft_model") or "").lower():
         method = "mtp"           # SGLang runs DeepSeek's MTP head through its EAGLE worker
@@ -220,7 +221,7 @@ def _speculation(stated: dict, engine: str | None = None,
         spec = parse_speculation(name, int(k), acceptance_length=stated.get("acceptance") or None, **shape)
     except ValueError as e:
         return None, str(e)
-    if streamed_length is not None and not stated.get("acceptance"):
+    if streamed_length is not None:
         try:
             shown = parse_speculation(name, int(k), acceptance_length=streamed_length, **shape)
         except ValueError:    # beyond what the draft can gain: the stream is not one chunk a step

@@ -101,9 +101,13 @@ class Speculation:
         return 1.0 + sum(self.accepted_through(i) for i in range(1, self.depth + 1))
 
     @property
+    def method_name(self) -> str:
+        """The method as --speculative names it (parse_speculation): draft:MODEL for a draft model."""
+        return f"draft:{self.draft_model}" if self.method == "draft" else self.method
+
+    @property
     def label(self) -> str:
-        name = f"draft:{self.draft_model}" if self.method == "draft" else self.method
-        return f"{name} k={self.k}" + (f" topk={self.topk} N={self.verify_tokens}" if self.tree else "")
+        return f"{self.method_name} k={self.k}" + (f" topk={self.topk} N={self.verify_tokens}" if self.tree else "")
 
     def describe(self) -> str:
         rates = ", ".join(f"{a:.3g}" for a in self.acceptance[:self.depth])
