@@ -11,7 +11,8 @@ Drafts, chosen by name:
   ngram    prompt lookup on the host: no GPU work
 
 A draft's first forward catches up on the tokens the last verification accepted (k + 1 per request, as a
-prefill chunk); each further proposal is a one-token decode. Its weights and KV count against the replica's
+prefill chunk) and on the step's prompt tokens, whose KV (or hidden states) the draft needs before it can propose
+after them; each further proposal is a one-token decode. Its weights and KV count against the replica's
 memory. Acceptance is an input (serving/data/speculative.json holds published defaults, each with its source).
 
 Tree drafts (SGLang's --speculative-eagle-topk > 1, python/sglang/srt/speculative/eagle_worker.py): the draft
@@ -368,36 +369,51 @@ class SpeculativeStep:
         """The host work the engine runs in series with the GPU in a speculative step of `sequences` requests."""
         return self.serial_host.seconds(sequences) if self.serial_host is not None else 0.0
 
-    def draft_forwards(self, decoding: float) -> list[DraftForward]:
-        """The draft's forwards in a step of `decoding` requests: a catch-up over the k + 1 tokens the last step
-        verified (SGLang pads it to k + 1 for its graphs; its head samples one row per request), then k - 1
-        proposals of topk rows per request each (one per frontier node of a tree; one for a chain), each row a
-        one-token decode over the context, its head sampled for the top-k (SGLang eagle_worker.py draft_forward)."""
-        if self.draft is None or decoding <= 0:
+    def draft_forwards(self, decoding: float, prompt_tokens: float = 0.0, prompts: float = 0.0) -> list[DraftForward]:
+        """The draft's forwards in a step of `decoding` requests and `prompt_tokens` prompt tokens in `prompts`
+        chunks: a catch-up over the k + 1 tokens the last step verified (SGLang pads it to k + 1 for its graphs;
+        its head samples one row per request) and over the prompt tokens, its head on a chunk's last row (vLLM's
+        proposers run the draft over every token the step scheduled; SGLang's EAGLE worker runs its draft-extend
+        over each prefilled prompt; TensorRT-LLM's MTP layers over the context), then k - 1 proposals of topk rows
+        per decoding request each (one per frontier node of a tree; one for a chain), each row a one-token decode
+        over the context, its head sampled for the top-k (SGLang eagle_worker.py draft_forward)."""
+        if self.draft is None or (decoding <= 0 and prompt_tokens <= 0):
             return []
         s = self.speculation
+        catch_up = DraftForward(max(0.0, decoding) * (s.k + 1) + prompt_tokens, s.k + 1,
+                                max(0.0, decoding) + prompts, True)
+        if decoding <= 0:
+            return [catch_up]
         rows = decoding * s.topk
-        return [DraftForward(decoding * (s.k + 1), s.k + 1, decoding, True)] + \
-            [DraftForward(rows, s.topk, rows, False)] * (s.k - 1)
+        return [catch_up] + [DraftForward(rows, s.topk, rows, False)] * (s.k - 1)
 
-    def draft_seconds(self, decoding: float, context: float) -> float:
-        """The draft's forwards (draft_forwards) priced on the draft's own StepCost."""
+    def draft_seconds(self, decoding: float, context: float, prompt_tokens: float = 0.0, chunk_tokens: float = 1.0,
+                      chunk_context: float = 0.0) -> float:
+        """The draft's forwards (draft_forwards) priced on the draft's own StepCost; the prompt tokens come as
+        chunks of `chunk_tokens` over `chunk_context` earlier tokens each."""
         d, total = self.draft, 0.0
-        for f in self.draft_forwards(decoding):
-            attention = d.prefill_attention(f.per_request, context, decoding) if f.catch_up else \
-                d.decode_attention(max(1, round(f.rows)), round(context))
+        prompts = prompt_tokens / chunk_tokens if prompt_tokens > 0 else 0.0
+        for f in self.draft_forwards(decoding, prompt_tokens, prompts):
+            if f.catch_up:
+                attention = d.prefill_attention(f.per_request, context, decoding) if decoding > 0 else 0.0
+                if prompts:
+                    attention += d.prefill_attention(chunk_tokens, chunk_context, prompts)
+            else:
+                attention = d.decode_attention(max(1, round(f.rows)), round(context))
             total += _lerp(d.linear, f.rows) + d.logits(f.head_rows) + attention + d._sampling(f.head_rows)
         return total
 
     def steady(self, decoding: float, prefill_tokens: float, chunk_tokens: int, chunk_context: float,
                decode_context: float) -> float:
         """A speculative step: every decoding request's verified tokens (k + 1, a tree's N) and the prompt chunks in
-        one target forward (StepCost.steady with that query), beside the draft's proposals, and the host work an
-        engine without its overlap scheduler runs in series (serial_host)."""
+        one target forward (StepCost.steady with that query), beside the draft's forwards (its proposals and its
+        pass over the prompt tokens), and the host work an engine without its overlap scheduler runs in series
+        (serial_host)."""
         sequences = decoding + (prefill_tokens / chunk_tokens if prefill_tokens > 0 else 0.0)
         return self.target.steady(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context,
                                   query=self.speculation.verify_tokens,
-                                  draft_s=self.draft_seconds(decoding, decode_context)) + self.serial_host_s(sequences)
+                                  draft_s=self.draft_seconds(decoding, decode_context, prefill_tokens, chunk_tokens,
+                                                             chunk_context)) + self.serial_host_s(sequences)
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         """The event simulator's step (serving/engine.py): `decode_batch` requests verify their tokens (k + 1, a

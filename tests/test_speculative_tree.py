@@ -102,6 +102,34 @@ def test_tree_step_work_against_hand_formulas():
     assert chain.draft_seconds(n, 1000) < step.draft_seconds(n, 1000)
 
 
+def test_draft_passes_over_the_prompt_tokens():
+    """The draft needs its KV (or hidden states) at every prompt position before it can propose after them: a step
+    with 8 decoding requests and two 512-token prompt chunks catches the draft up over 8 x (k + 1) + 1024 rows, its
+    head on each chunk's last row; a prefill-only step runs that pass alone, so it costs more than the target's
+    prefill by the draft's forward over the prompt; n-gram lookup has no draft to run."""
+    target = resolve_model("llama-3.1-8b")
+    cost = StepCost(target, load_profile("h100"), TraceOptions(), "engine", 1, "vllm")
+    step = speculative_step(cost, parse_speculation("eagle3", 3, acceptance_rate=0.7))
+    n, k = 8, 3
+    assert step.draft_forwards(n, 1024, 2)[0] == DraftForward(n * (k + 1) + 1024, k + 1, n + 2, True)
+    assert step.draft_forwards(0, 1024, 2) == [DraftForward(1024, k + 1, 2, True)]
+    assert step.draft_forwards(n, 1024, 2)[1:] == step.draft_forwards(n)[1:]
+    c = target.config
+    h, i = c["hidden_size"], c["intermediate_size"]
+    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+    layer_flops = 2 * (2 * h * h + 2 * h * kv + 3 * h * i)
+    draft = draft_spec(target, step.speculation)
+    assert gemm_flops(trace(draft, Request(1, 1024, 0))) == pytest.approx(layer_flops * 1024 + 2 * h * 32000, rel=1e-3)
+    prompt_pass = step.draft_seconds(0, 0, 1024, 512, 0)
+    assert prompt_pass > 0
+    assert step.steady(0, 1024, 512, 0, 0) - cost.steady(0, 1024, 512, 0, 0) == \
+        pytest.approx(prompt_pass * cost.kernel_scale, rel=1e-9)
+    # the pass over the prompt is a small share of the 32-layer target's prefill
+    assert prompt_pass < 0.1 * cost.steady(0, 1024, 512, 0, 0)
+    ngram = speculative_step(cost, parse_speculation("ngram", 3, acceptance_rate=0.4))
+    assert ngram.draft_forwards(0, 1024, 2) == [] and ngram.draft_seconds(0, 0, 1024, 512, 0) == 0.0
+
+
 def test_simulated_tree_draws_per_depth():
     import random
     step = speculative_step(StepCost(resolve_model("llama-3.2-1b"), load_profile("h100"), TraceOptions(), "engine",
