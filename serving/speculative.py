@@ -42,6 +42,10 @@ EAGLE3_VOCAB = 32000     # the draft vocabulary of the published EAGLE-3 heads (
 # engines that cap the running batch when they speculate, unless told otherwise: SGLang resets
 # max_running_requests to 48 for EAGLE, EAGLE3 and NEXTN (python/sglang/srt/server_args.py)
 SPECULATIVE_MAX_RUNNING = {"sglang": 48}
+# methods whose drafts an engine gives KV slots beyond the verification's, k per running request: vLLM V1's scheduler
+# allocates each step's k + 1 verified tokens plus num_lookahead_tokens = k for EAGLE-style drafts (eagle, eagle3,
+# MTP) and draft models, 0 for n-gram lookup (v1/core/sched/scheduler.py Scheduler.__init__, allocate_slots)
+LOOKAHEAD_KV_METHODS = {"vllm": ("eagle3", "mtp", "draft")}
 # fp32 copies of a (max_num_seqs x vocab) logits block that an engine's memory profile holds beyond its plain
 # sampler's when it speculates: vLLM's profile run warms the rejection sampler up on one draft token per request
 # (gpu_model_runner.py _dummy_sampler_run), holding the bonus token's log-probabilities, the raw target logits and
@@ -327,8 +331,10 @@ class SpeculativeStep:
     def __init__(self, target: StepCost, speculation: Speculation, draft: StepCost | None):
         self.target, self.speculation, self.draft = target, speculation, draft
         self.tokens_per_step = speculation.tokens_per_step
-        # each verification writes the drafts' KV beside the last token's: slots held beyond the accepted tokens
-        self.spare_kv_slots = speculation.verify_tokens - 1
+        # each verification writes the drafts' KV beside the last token's: slots held beyond the accepted tokens, and
+        # an engine's lookahead for the next step's drafts
+        lookahead = speculation.k if speculation.method in LOOKAHEAD_KV_METHODS.get(target.engine, ()) else 0
+        self.spare_kv_slots = speculation.verify_tokens - 1 + lookahead
         self._draft_memory: tuple[float, float] | None = None
         found = serial_host(target.engine) if target.execution == ENGINE else None
         self.serial_host, self._serial_origin = found if found else (None, "")

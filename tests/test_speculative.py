@@ -112,6 +112,21 @@ def test_mtp_draft_is_one_moe_layer_and_its_memory_counts():
     assert eager_ngram.replica_memory(8192, max_num_seqs=256).kv_cache == eager.replica_memory(8192).kv_cache
 
 
+def test_kv_slots_a_running_request_holds_beyond_its_tokens():
+    """A verification writes k drafts' KV beside the last token (a tree's N - 1); vLLM V1's scheduler also allocates
+    a lookahead of k slots for EAGLE-style drafts and draft models (num_lookahead_tokens), none for n-gram lookup,
+    and SGLang none beyond the verification."""
+    target = resolve_model("llama-3.1-8b")
+
+    def spare(engine, method, k, **kw):
+        cost = StepCost(target, load_profile("h100"), TraceOptions(), "engine", 1, engine)
+        return speculative_step(cost, parse_speculation(method, k, acceptance_rate=0.6, **kw)).spare_kv_slots
+    assert spare("vllm", "eagle3", 3) == 6 and spare("vllm", "draft:llama-3.2-1b", 4) == 8
+    assert spare("vllm", "ngram", 3) == 3
+    assert spare("sglang", "eagle3", 3) == 3 and spare("sglang", "eagle3", 4, topk=4, draft_tokens=16) == 15
+    assert StepCost(target, load_profile("h100"), TraceOptions(), "engine", 1, "vllm").spare_kv_slots == 0
+
+
 def test_verification_is_one_forward_not_k_decode_steps_and_loses_at_high_batch():
     cost = StepCost(resolve_model("llama-3.1-8b"), load_profile("h100"), TraceOptions(), "engine", 1, "trtllm")
     spec = parse_speculation("eagle3", 3, acceptance_rate=0.7)
