@@ -222,18 +222,22 @@ def check_capacity_scheduler(args) -> None:
         raise InputError(f"--capacity-scheduler is TensorRT-LLM's; {args.engine} has one admission policy")
 
 
-def add_speculation_arguments(p: argparse.ArgumentParser, several_k: bool = False) -> None:
+def add_speculation_arguments(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """`several`: the command searches lists of methods and of k (the optimizer), each beside no speculation."""
     g = p.add_argument_group("speculative decoding (serving/speculative.py)")
-    g.add_argument("--speculative", metavar="|".join(SPECULATIVE_METHODS), default=None,
-                   help="draft method: the model's MTP layer, an EAGLE-3 head, a draft model, or n-gram lookup")
-    g.add_argument("--num-speculative-tokens", metavar="K[,K...]" if several_k else "K", default="1",
-                   help="tokens the draft proposes per step" + (" (a list: each is searched, beside no "
-                                                                 "speculation)" if several_k else "") + "; default 1")
-    g.add_argument("--acceptance-rate", type=float, default=None, metavar="A",
+    g.add_argument("--speculative", metavar="|".join(SPECULATIVE_METHODS) + (",..." if several else ""), default=None,
+                   help="draft method: the model's MTP layer, an EAGLE-3 head, a draft model, or n-gram lookup"
+                        + (" (a list: each is searched)" if several else ""))
+    g.add_argument("--num-speculative-tokens", metavar="K[,K...]" if several else "K", default="1",
+                   help="tokens the draft proposes per step" + (" (a list: each is searched with every method, beside "
+                                                                 "no speculation)" if several else "") + "; default 1")
+    per_method = " (one value for every method, or one per method in --speculative's order, 'default' for a " \
+                 "method's own)" if several else ""
+    g.add_argument("--acceptance-rate", default=None, metavar="A[,A...]" if several else "A",
                    help="probability each proposed token is accepted, given the ones before (default: the "
-                        "method's published default, named in the output)")
-    g.add_argument("--acceptance-length", type=float, default=None, metavar="L",
-                   help="mean tokens per step, the target's own included, as engines report it")
+                        "method's published default, named in the output)" + per_method)
+    g.add_argument("--acceptance-length", default=None, metavar="L[,L...]" if several else "L",
+                   help="mean tokens per step, the target's own included, as engines report it" + per_method)
     g.add_argument("--speculative-eagle-topk", type=int, default=1, metavar="B",
                    help="candidates per node of a tree draft, as SGLang's flag (default 1: a chain)")
     g.add_argument("--speculative-num-draft-tokens", type=int, default=None, metavar="N",
@@ -241,8 +245,31 @@ def add_speculation_arguments(p: argparse.ArgumentParser, several_k: bool = Fals
                         "(SGLang's flag)")
 
 
+def _per_method(text: str | None, flag: str, methods: list[str]) -> list[float | None]:
+    """--acceptance-rate or --acceptance-length as one number per method: one value for all, or one each ('default':
+    the method's own)."""
+    if text is None:
+        return [None] * len(methods)
+    parts = [t.strip() for t in str(text).split(",")]
+    if len(parts) == 1:
+        parts *= len(methods)
+    if len(parts) != len(methods):
+        raise InputError(f"{flag}: {len(parts)} values for {len(methods)} methods ({', '.join(methods)}): give one "
+                         f"for all, or one per method ('default' for a method's own)")
+    out: list[float | None] = []
+    for t in parts:
+        if t.lower() == "default":
+            out.append(None)
+            continue
+        try:
+            out.append(float(t))
+        except ValueError:
+            raise InputError(f"{flag}: '{t}' is not a number") from None
+    return out
+
+
 def speculations(args) -> list[Speculation]:
-    """The speculative setups the arguments ask for (empty without --speculative)."""
+    """The speculative setups the arguments ask for (empty without --speculative): every method with every k."""
     given = [x for x in (args.acceptance_rate, args.acceptance_length, args.speculative_num_draft_tokens)
              if x is not None]
     if args.speculative is None:
@@ -250,15 +277,19 @@ def speculations(args) -> list[Speculation]:
             raise InputError("--num-speculative-tokens, --acceptance-rate, --acceptance-length, "
                              "--speculative-eagle-topk and --speculative-num-draft-tokens need --speculative")
         return []
-    out = []
+    methods = [m.strip() for m in str(args.speculative).split(",")]
+    if len(set(m.lower() for m in methods)) != len(methods):
+        raise InputError(f"--speculative lists a method twice: {args.speculative}")
+    ks = []
     for text in str(args.num_speculative_tokens).split(","):
         try:
-            k = int(text)
+            ks.append(int(text))
         except ValueError:
             raise InputError(f"--num-speculative-tokens: '{text}' is not an integer") from None
-        out.append(parse_speculation(args.speculative, k, args.acceptance_rate, args.acceptance_length,
-                                     args.speculative_eagle_topk, args.speculative_num_draft_tokens))
-    return out
+    rates = _per_method(args.acceptance_rate, "--acceptance-rate", methods)
+    lengths = _per_method(args.acceptance_length, "--acceptance-length", methods)
+    return [parse_speculation(method, k, rate, length, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
+            for method, rate, length in zip(methods, rates, lengths) for k in ks]
 
 
 def load_device(args) -> HardwareProfile:

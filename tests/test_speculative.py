@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from cli.inference.text_generate import main as tg_main
 from cli.inference.throughput_optimizer import main as opt_main
 from cost.estimate import Parallelism
 from cost.profile import load_profile
@@ -179,6 +180,30 @@ def test_optimizer_searches_k_and_speculation_wins_only_at_a_tight_tpot(capsys):
     assert "no multi-token-prediction layer" in capsys.readouterr().err
 
 
+def test_optimizer_searches_methods_each_with_its_own_acceptance(capsys):
+    """--speculative takes a list of methods in the optimizer, each searched with every k beside no speculation;
+    an acceptance list gives each method its own value ('default': the method's published one)."""
+    common = ["llama-3.1-8b", "--device", "h100", "--num-devices", "1", "--input-length", "1000", "--output-length",
+              "300", "--tpot-limit", "6", "--speculative", "eagle3,ngram", "--num-speculative-tokens", "2,3"]
+    assert opt_main(common + ["--acceptance-rate", "default,0.4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    setups = {s["setup"]: s for s in out["speculation"]["setups"]}
+    assert set(setups) == {"eagle3 k=2", "eagle3 k=3", "ngram k=2", "ngram k=3"}
+    assert setups["eagle3 k=2"]["source"].startswith("default:")
+    assert setups["ngram k=3"]["acceptance"] == [0.4] and setups["ngram k=3"]["source"] == "acceptance rate as given"
+    assert {c["speculation"] for c in out["candidates"]} == {None, *setups}
+    assert out["speculation"]["winner"] in setups
+    for bad, why in ((["--acceptance-rate", "0.5,0.4,0.3"], "3 values for 2 methods"),
+                     (["--acceptance-rate", "0.5,x"], "'x' is not a number"),
+                     (["--acceptance-rate", "default,default"], "no published default"),   # n-gram has none
+                     (["--speculative", "eagle3,EAGLE3"], "lists a method twice")):
+        assert opt_main(common + bad) == 2
+        assert why in capsys.readouterr().err
+    assert tg_main(["llama-3.1-8b", "--device", "h100", "--decode", "-c", "1000", "--speculative", "eagle3,ngram",
+                    "--acceptance-rate", "0.5"]) == 2
+    assert "one --speculative method" in capsys.readouterr().err
+
+
 def test_simulated_batches_carry_mixed_progress_and_agree_with_the_steady_state():
     """The event simulator draws each request's accepted tokens per step: requests of one burst finish at
     different steps, and the mean TPOT agrees with the steady state's step / tokens per step."""
@@ -205,7 +230,6 @@ def test_simulated_batches_carry_mixed_progress_and_agree_with_the_steady_state(
 
 def test_text_generate_and_serving_sim_take_a_speculative_setup(capsys):
     from cli.inference.serving_sim import main as sim_main
-    from cli.inference.text_generate import main as tg_main
     base = ["llama-3.2-1b", "--device", "h100", "-b", "4", "-q", "256", "--output-length", "64", "--json"]
     assert tg_main(base) == 0
     plain = json.loads(capsys.readouterr().out)

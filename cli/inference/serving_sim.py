@@ -211,7 +211,8 @@ def run(args) -> dict:
     config = server_config(args, spec, hw, options)
     drafts = speculations(args)
     if len(drafts) > 1:
-        raise InputError("serving_sim simulates one --num-speculative-tokens (the optimizer searches several)")
+        raise InputError("serving_sim simulates one speculative setup, one --speculative method and one "
+                         "--num-speculative-tokens (the optimizer searches several)")
     if drafts and args.disagg:
         raise InputError("--speculative is not simulated with --disagg")
     cost = speculative_step(StepCost(spec, hw, options, args.execution, args.tp_size, args.engine,

@@ -259,7 +259,8 @@ def body(args) -> int:
                                                 args.moe_imbalance, args.ep_style).warnings
     drafts = speculations(args)
     if len(drafts) > 1:
-        raise InputError("text_generate prices one --num-speculative-tokens (the optimizer searches several)")
+        raise InputError("text_generate prices one speculative setup, one --speculative method and one "
+                         "--num-speculative-tokens (the optimizer searches several)")
     args.speculation = drafts[0] if drafts else None
     if args.output_length is not None:
         return whole(args, spec, options)

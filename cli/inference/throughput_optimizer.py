@@ -503,7 +503,7 @@ def main(argv=None) -> int:
                    help="draw tokens/s/GPU against tokens/s/user, the Pareto frontier marked (needs matplotlib)")
     p.add_argument("--emit", default=None, choices=list(LAUNCHERS),
                    help="print the best layout as this engine's launch command")
-    add_speculation_arguments(p, several_k=True)
+    add_speculation_arguments(p, several=True)
     add_streaming_argument(p)
     add_endpoint_argument(p)
     p.add_argument("--top", type=typed(_top), default=10, help=f"candidates to show (default 10, at most {MAX_TOP})")
