@@ -193,6 +193,12 @@ def test_optimizer_searches_methods_each_with_its_own_acceptance(capsys):
     assert setups["ngram k=3"]["acceptance"] == [0.4] and setups["ngram k=3"]["source"] == "acceptance rate as given"
     assert {c["speculation"] for c in out["candidates"]} == {None, *setups}
     assert out["speculation"]["winner"] in setups
+    # the text names each method's acceptance and its origin once, unless the best candidate's notes already do
+    from cli.inference.optimizer_table import speculation_sources
+    sources = speculation_sources(out["speculation"], [])
+    assert [n.split(":")[0] for n in sources] == ["speculative decoding, eagle3", "speculative decoding, ngram"]
+    assert "acceptance 0.4 per position (acceptance rate as given)" in sources[1]
+    assert speculation_sources(out["speculation"], [f"... ({setups['eagle3 k=2']['source']})"]) == sources[1:]
     for bad, why in ((["--acceptance-rate", "0.5,0.4,0.3"], "3 values for 2 methods"),
                      (["--acceptance-rate", "0.5,x"], "'x' is not a number"),
                      (["--acceptance-rate", "default,default"], "no published default"),   # n-gram has none

@@ -167,6 +167,21 @@ def speculation_text(spec: dict) -> str:
             + "; " + "; ".join(parts) + (f"; winner: {spec['winner']}" if spec["winner"] else ""))
 
 
+def speculation_sources(spec: dict | None, notes: list[str]) -> list[str]:
+    """Where each searched method's acceptance comes from, once per method, unless a note already says it (the
+    best candidate's): methods compared side by side rest on acceptances of different origins."""
+    out, seen = [], set()
+    for s in (spec or {}).get("setups", []):
+        method = s["setup"].split(" k=")[0]
+        if method in seen or any(s["source"] in n for n in notes):
+            continue
+        seen.add(method)
+        rates = ", ".join(f"{a:g}" for a in s["acceptance"])
+        per = "depth" if " topk=" in s["setup"] else "position"
+        out.append(f"speculative decoding, {method}: acceptance {rates} per {per} ({s['source']})")
+    return out
+
+
 def render(r: dict, wide: bool = False, origin_lines=()) -> str:
     """`origin_lines`: where the kernel and overhead numbers come from (cli/common.py origin_notes)."""
     first = [r["origin"]["headline"]] if r.get("origin", {}).get("headline") else []
@@ -180,6 +195,7 @@ def render(r: dict, wide: bool = False, origin_lines=()) -> str:
     notes = sorted({n for c in r["candidates"][:1] for n in c["notes"] if not n.startswith("lengths: ") or
                     "priced" in n})
     notes = [n for n in origin_lines if n not in notes] + notes
+    notes += speculation_sources(r.get("speculation"), notes)
     notes += [f"refused {k}: {v}" for k, v in r["refused_layouts"].items()] + [r["price_note"]]
     admission = r.get("kv_admission") and kv_admission_note(r["engine"], r["kv_admission"])
     if admission:
