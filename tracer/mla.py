@@ -4,15 +4,20 @@ HF re-expands the whole latent cache through kv_b_proj every step (K and V per h
 C + Q tokens). Engines (vLLM, SGLang) absorb kv_b_proj's key half into the query and its value
 half into the output, so attention runs in the latent space as multi-query attention with one
 KV head of kv_lora_rank + rope dims, and V is the first kv_lora_rank dims of that same cache.
+
+DeepSeek sparse attention (V3.2) keeps that form: its indexer scores every cached key with its own small
+projections and key cache, and the absorbed attention reads the top index_topk keys it picks (vLLM's and
+SGLang's sparse FlashMLA over the latent cache; HF instead caches the expanded K and V).
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 
 import torch
 
-from .attention import record_attention
+from .attention import module_window, record_attention
 from .recorder import active_recorder
 from .weight_formats import MLA_ABSORBED
 from .work import OTHER, VECTOR
@@ -25,10 +30,33 @@ def is_mla(module: torch.nn.Module) -> bool:
 
 
 def fits_absorbed_form(module: torch.nn.Module) -> bool:
-    """DeepSeek-V2/V3's layout: a query from q_proj or q_a_proj -> q_b_proj, and kv_b_proj holding K-nope and V."""
+    """DeepSeek-V2/V3's layout: a query from q_proj or q_a_proj -> q_b_proj, and kv_b_proj holding K-nope and V;
+    with DeepSeek sparse attention, an indexer that takes the query's low-rank residual (V3.2's)."""
     return is_mla(module) and (hasattr(module, "q_proj") or hasattr(module, "q_b_proj")) and all(
-        hasattr(module, a) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_heads")) and not (
-        hasattr(module, "indexer") or hasattr(module, "skip_topk"))  # DSA: HF caches the expanded K/V
+        hasattr(module, a) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_heads")) and not \
+        hasattr(module, "skip_topk") and (not hasattr(module, "indexer") or _v32_indexer(module))
+
+
+def _v32_indexer(module: torch.nn.Module) -> bool:
+    indexer = getattr(module, "indexer", None)
+    if indexer is None or getattr(module, "q_lora_rank", None) is None:
+        return False
+    params = inspect.signature(indexer.forward).parameters
+    return all(p in params for p in ("hidden_states", "q_resid", "position_embeddings", "attention_mask",
+                                     "past_key_values"))
+
+
+def _run_indexer(self, hidden_states: torch.Tensor, q_resid: torch.Tensor, kwargs: dict) -> None:
+    """The DSA indexer as HF runs it: its projections, its key-cache write and its scores over every cached key are
+    recorded on the way (tracer/kv_cache.py update_indexer, tracer/inline_attention.py)."""
+    batch, tokens = hidden_states.shape[:-1]
+    cache = kwargs.get("past_key_values")
+    keys = tokens + (cache.get_seq_length(self.layer_idx) if cache is not None else 0)
+    mask = kwargs.get("attention_mask")
+    mask = mask[:, 0] if mask is not None and mask.dim() == 4 else \
+        hidden_states.new_empty(batch, tokens, keys, dtype=torch.bool)
+    self.indexer(hidden_states, q_resid, kwargs.get("position_embeddings"), mask, kwargs.get("position_ids"),
+                 past_key_values=cache)
 
 
 def _rotate(x: torch.Tensor, positions: int) -> torch.Tensor:
@@ -52,7 +80,10 @@ def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
     if self.q_lora_rank is None:
         q = self.q_proj(hidden_states)
     else:
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+        q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+        q = self.q_b_proj(q_resid)
+        if hasattr(self, "indexer"):
+            _run_indexer(self, hidden_states, q_resid, kwargs)
     q = q.view(batch, tokens, heads, nope + rope)
     q_nope, q_rot = torch.split(q, [nope, rope], dim=-1)
 
@@ -77,7 +108,7 @@ def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
 
     query = q_latent.new_empty(batch, heads, tokens, latent + rope)
     keys = kv_latent.new_empty(batch, 1, context + tokens, latent + rope)
-    out = record_attention(query, keys, keys[..., :latent], window=None, kv_shares_storage=True,
+    out = record_attention(query, keys, keys[..., :latent], window=module_window(self), kv_shares_storage=True,
                            expanded_head_dims=(nope + rope, v_dim))
 
     # absorb W_UV into the output: [H, B*T, latent] @ [H, latent, v]

@@ -81,7 +81,7 @@ def _fusion_group(name: str, op_class: str, module_type: str) -> str | None:
     mt = module_type.lower()
     if "norm" in mt:
         return FUSION_NORM
-    if "rotary" in mt or "attention" in mt:
+    if "rotary" in mt or "attention" in mt or "indexer" in mt:   # a DSA indexer's norm, rotary and scaling
         return FUSION_ROTARY
     if "mlp" in mt or "experts" in mt or "activation" in mt or mt.endswith("act"):
         return FUSION_ACTIVATION

@@ -1,0 +1,59 @@
+"""DeepSeek sparse attention (V3.2) in the engines' form: absorbed MLA over the latent cache, reading the top
+index_topk keys its indexer picks, beside the indexer's own key cache and its scores over every cached key."""
+import json
+
+import pytest
+
+from tracer import Request, TraceOptions, resolve_model, trace
+
+LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def v32(tmp_path_factory):
+    config = dict(resolve_model("deepseek-v3").config)
+    config.update(architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32", num_hidden_layers=LAYERS,
+                  index_n_heads=64, index_head_dim=128, index_topk=2048)
+    config.pop("quantization_config", None)
+    folder = tmp_path_factory.mktemp("deepseek-v32")
+    (folder / "config.json").write_text(json.dumps(config))
+    return resolve_model(str(folder))
+
+
+def _attention(t, indexer: bool):
+    return [op for op in t.ops if op.attention is not None and ("indexer" in op.module) == indexer]
+
+
+def test_v32_runs_absorbed_with_the_indexer_beside_it(v32):
+    c = v32.config
+    t = trace(v32, Request(2, 1, 8000, decode=True))
+    assert not any("does not fit" in n for n in t.notes)
+    # the cache holds the latent (kv_lora_rank + rope) and the indexer's key (index_head_dim), per layer per token
+    assert t.kv_bytes_per_token == LAYERS * (c["kv_lora_rank"] + c["qk_rope_head_dim"] + c["index_head_dim"]) * 2
+    main, scores = _attention(t, False), _attention(t, True)
+    assert main and scores
+    # the attention reads the top 2048 of the 8001 keys; the indexer scores all of them, 64 heads of 128 dims and a
+    # weighted sum over the heads
+    assert {op.attention.window for op in main} == {2048}
+    per_layer = 2 * 2 * 64 * 8001 * (128 + 1)
+    assert sum(op.flops * op.count for op in scores) == pytest.approx(LAYERS * per_layer, rel=1e-6)
+    dense = trace("deepseek-v3", Request(2, 1, 8000, decode=True))
+    dense_layers = resolve_model("deepseek-v3").config["num_hidden_layers"]
+    ratio = (sum(op.flops * op.count for op in main) / LAYERS) / (
+        sum(op.flops * op.count for op in _attention(dense, False)) / dense_layers)
+    assert ratio == pytest.approx(2048 / 8001, rel=0.01)
+
+
+def test_v32_hf_form_still_caches_the_expanded_keys_and_values(v32):
+    c = v32.config
+    hf = trace(v32, Request(1, 1, 1000, decode=True), TraceOptions(mla_form="hf"))
+    absorbed = trace(v32, Request(1, 1, 1000, decode=True))
+    expanded = c["num_attention_heads"] * (c["qk_nope_head_dim"] + c["qk_rope_head_dim"] + c["v_head_dim"])
+    assert hf.kv_bytes_per_token >= LAYERS * expanded * 2 > 10 * absorbed.kv_bytes_per_token
+
+
+def test_v32_indexer_elementwise_fuses_as_an_engine_runs_it(v32):
+    t = trace(v32, Request(8, 1, 1000, decode=True))
+    loose = [op for op in t.ops if "indexer" in op.module and op.op_class == "other" and not op.kv_cache_write
+             and op.fusion_key is None]
+    assert not loose, [op.name for op in loose]
