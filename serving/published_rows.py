@@ -39,6 +39,7 @@ MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-
           "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b", "openai/gpt-oss-20b": "gpt-oss-20b",
           "openai/gpt-oss-120b": "gpt-oss-120b", "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",   # V3's architecture
           "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+          "deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2",
           "zai-org/GLM-4.5-Air": "glm-4.5-air", "zai-org/GLM-4.6": "glm-4.6",
           "meta-llama/Llama-3.2-1B": "llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b"}
 # NVIDIA's L40S runs reach every GPU peer-to-peer (their TP4/TP8 throughput is out of reach at the 4/8-GPU

@@ -57,3 +57,14 @@ def test_v32_indexer_elementwise_fuses_as_an_engine_runs_it(v32):
     loose = [op for op in t.ops if "indexer" in op.module and op.op_class == "other" and not op.kv_cache_write
              and op.fusion_key is None]
     assert not loose, [op.name for op in loose]
+
+
+def test_bundled_v32_is_v3_with_the_published_indexer_and_prices_its_rows():
+    from serving.published_rows import MODELS
+    v3, v32 = resolve_model("deepseek-v3").config, resolve_model("deepseek-v3.2").config
+    assert (v32["index_n_heads"], v32["index_head_dim"], v32["index_topk"]) == (64, 128, 2048)
+    assert {k: v for k, v in v32.items() if not k.startswith("index_") and k not in ("architectures", "model_type")} \
+        == {k: v for k, v in v3.items() if k not in ("architectures", "model_type")}
+    assert MODELS["deepseek-ai/DeepSeek-V3.2"] == "deepseek-v3.2"
+    t = trace("deepseek-v3.2", Request(1, 1, 4096, decode=True))
+    assert t.kv_bytes_per_token == 61 * (512 + 64 + 128) * 2
