@@ -68,3 +68,21 @@ def test_bundled_v32_is_v3_with_the_published_indexer_and_prices_its_rows():
     assert MODELS["deepseek-ai/DeepSeek-V3.2"] == "deepseek-v3.2"
     t = trace("deepseek-v3.2", Request(1, 1, 4096, decode=True))
     assert t.kv_bytes_per_token == 61 * (512 + 64 + 128) * 2
+
+
+def test_glm5_shared_layers_reuse_the_last_indexers_picks(tmp_path):
+    """GLM-5 (glm_moe_dsa): 'shared' layers run no indexer and cache no indexer key; every layer's absorbed
+    attention reads 2048 keys."""
+    from transformers import AutoConfig
+    kinds = ["full", "full", "shared", "shared", "full", "shared"]
+    config = AutoConfig.for_model("glm_moe_dsa", num_hidden_layers=len(kinds), first_k_dense_replace=1,
+                                  indexer_types=kinds).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    t = trace(resolve_model(str(tmp_path)), Request(1, 1, 6000, decode=True))
+    assert not any("does not fit" in n for n in t.notes)
+    full = kinds.count("full")
+    assert sum(op.count for op in _attention(t, True)) == full
+    assert sum(op.count for op in _attention(t, False)) == len(kinds)
+    assert {op.attention.window for op in _attention(t, False)} == {2048}
+    latent = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    assert t.kv_bytes_per_token == (len(kinds) * latent + full * config["index_head_dim"]) * 2

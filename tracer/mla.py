@@ -5,9 +5,10 @@ C + Q tokens). Engines (vLLM, SGLang) absorb kv_b_proj's key half into the query
 half into the output, so attention runs in the latent space as multi-query attention with one
 KV head of kv_lora_rank + rope dims, and V is the first kv_lora_rank dims of that same cache.
 
-DeepSeek sparse attention (V3.2) keeps that form: its indexer scores every cached key with its own small
+DeepSeek sparse attention (V3.2, GLM-5) keeps that form: its indexer scores every cached key with its own small
 projections and key cache, and the absorbed attention reads the top index_topk keys it picks (vLLM's and
-SGLang's sparse FlashMLA over the latent cache; HF instead caches the expanded K and V).
+SGLang's sparse FlashMLA over the latent cache; HF instead caches the expanded K and V). GLM-5's shared layers
+run no indexer of their own: they reuse the picks of the last layer that did.
 """
 from __future__ import annotations
 
@@ -33,20 +34,24 @@ def fits_absorbed_form(module: torch.nn.Module) -> bool:
     """DeepSeek-V2/V3's layout: a query from q_proj or q_a_proj -> q_b_proj, and kv_b_proj holding K-nope and V;
     with DeepSeek sparse attention, an indexer that takes the query's low-rank residual (V3.2's)."""
     return is_mla(module) and (hasattr(module, "q_proj") or hasattr(module, "q_b_proj")) and all(
-        hasattr(module, a) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_heads")) and not \
-        hasattr(module, "skip_topk") and (not hasattr(module, "indexer") or _v32_indexer(module))
+        hasattr(module, a) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_heads")) and (
+        not (hasattr(module, "indexer") or hasattr(module, "skip_topk")) or _v32_indexer(module))
 
 
 def _v32_indexer(module: torch.nn.Module) -> bool:
-    indexer = getattr(module, "indexer", None)
-    if indexer is None or getattr(module, "q_lora_rank", None) is None:
+    """An indexer over the query's low-rank residual (DeepSeek-V3.2's, GLM-5's), or none on a layer that reuses the
+    top-k a previous layer's indexer picked (GLM-5's shared layers, skip_topk)."""
+    if getattr(module, "q_lora_rank", None) is None:
         return False
+    indexer = getattr(module, "indexer", None)
+    if indexer is None:
+        return bool(getattr(module, "skip_topk", False))
     params = inspect.signature(indexer.forward).parameters
     return all(p in params for p in ("hidden_states", "q_resid", "position_embeddings", "attention_mask",
                                      "past_key_values"))
 
 
-def _run_indexer(self, hidden_states: torch.Tensor, q_resid: torch.Tensor, kwargs: dict) -> None:
+def _run_indexer(self, hidden_states: torch.Tensor, q_resid: torch.Tensor, kwargs: dict) -> torch.Tensor:
     """The DSA indexer as HF runs it: its projections, its key-cache write and its scores over every cached key are
     recorded on the way (tracer/kv_cache.py update_indexer, tracer/inline_attention.py)."""
     batch, tokens = hidden_states.shape[:-1]
@@ -55,8 +60,8 @@ def _run_indexer(self, hidden_states: torch.Tensor, q_resid: torch.Tensor, kwarg
     mask = kwargs.get("attention_mask")
     mask = mask[:, 0] if mask is not None and mask.dim() == 4 else \
         hidden_states.new_empty(batch, tokens, keys, dtype=torch.bool)
-    self.indexer(hidden_states, q_resid, kwargs.get("position_embeddings"), mask, kwargs.get("position_ids"),
-                 past_key_values=cache)
+    return self.indexer(hidden_states, q_resid, kwargs.get("position_embeddings"), mask, kwargs.get("position_ids"),
+                        past_key_values=cache)
 
 
 def _rotate(x: torch.Tensor, positions: int) -> torch.Tensor:
@@ -75,6 +80,7 @@ def _absorbed(rec):
 
 def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
     batch, tokens = hidden_states.shape[:-1]
+    picks = kwargs.get("prev_topk_indices")
     heads, nope, rope, latent, v_dim = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim,
                                         self.kv_lora_rank, self.v_head_dim)
     if self.q_lora_rank is None:
@@ -82,8 +88,8 @@ def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
     else:
         q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
         q = self.q_b_proj(q_resid)
-        if hasattr(self, "indexer"):
-            _run_indexer(self, hidden_states, q_resid, kwargs)
+        if getattr(self, "indexer", None) is not None:   # a shared layer reuses the last indexer's picks
+            picks = _run_indexer(self, hidden_states, q_resid, kwargs)
     q = q.view(batch, tokens, heads, nope + rope)
     q_nope, q_rot = torch.split(q, [nope, rope], dim=-1)
 
@@ -116,7 +122,8 @@ def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
     with _absorbed(rec):
         out = torch.bmm(out, w_uv.transpose(1, 2))
     out = out.view(heads, batch, tokens, v_dim).permute(1, 2, 0, 3).reshape(batch, tokens, heads * v_dim)
-    return self.o_proj(out), None
+    # GLM-5's layers hand their top-k picks on to the next (its attention returns them third)
+    return (self.o_proj(out), None, picks) if self._returns_picks else (self.o_proj(out), None)
 
 
 def use_absorbed_form(model: torch.nn.Module) -> int:
@@ -124,6 +131,7 @@ def use_absorbed_form(model: torch.nn.Module) -> int:
     swapped = 0
     for module in model.modules():
         if fits_absorbed_form(module):
+            module._returns_picks = "prev_topk_indices" in inspect.signature(module.forward).parameters
             module.forward = types.MethodType(absorbed_forward, module)
             swapped += 1
     return swapped
