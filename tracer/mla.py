@@ -32,13 +32,13 @@ def is_mla(module: torch.nn.Module) -> bool:
 
 def fits_absorbed_form(module: torch.nn.Module) -> bool:
     """DeepSeek-V2/V3's layout: a query from q_proj or q_a_proj -> q_b_proj, and kv_b_proj holding K-nope and V;
-    with DeepSeek sparse attention, an indexer that takes the query's low-rank residual (V3.2's)."""
+    with DeepSeek sparse attention, an indexer that takes the query's low-rank residual (V3.2's, GLM-5's)."""
     return is_mla(module) and (hasattr(module, "q_proj") or hasattr(module, "q_b_proj")) and all(
         hasattr(module, a) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_heads")) and (
-        not (hasattr(module, "indexer") or hasattr(module, "skip_topk")) or _v32_indexer(module))
+        not (hasattr(module, "indexer") or hasattr(module, "skip_topk")) or _absorbable_indexer(module))
 
 
-def _v32_indexer(module: torch.nn.Module) -> bool:
+def _absorbable_indexer(module: torch.nn.Module) -> bool:
     """An indexer over the query's low-rank residual (DeepSeek-V3.2's, GLM-5's), or none on a layer that reuses the
     top-k a previous layer's indexer picked (GLM-5's shared layers, skip_topk)."""
     if getattr(module, "q_lora_rank", None) is None:
