@@ -35,6 +35,10 @@ def test_v32_runs_absorbed_with_the_indexer_beside_it(v32):
     # the attention reads the top 2048 of the 8001 keys; the indexer scores all of them, 64 heads of 128 dims and a
     # weighted sum over the heads
     assert {op.attention.window for op in main} == {2048}
+    # sparse attention prefills in the latent form too: no expanded head dims for the engine pricing to pick
+    assert all(op.attention.expanded_head_dims is None for op in main)
+    # the indexer runs whole on every tensor-parallel rank (the engines' ReplicatedLinear, all 64 heads)
+    assert all(not op.tp_sharded for op in t.ops if "indexer" in op.module)
     per_layer = 2 * 2 * 64 * 8001 * (128 + 1)
     assert sum(op.flops * op.count for op in scores) == pytest.approx(LAYERS * per_layer, rel=1e-6)
     dense = trace("deepseek-v3", Request(2, 1, 8000, decode=True))

@@ -114,8 +114,10 @@ def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
 
     query = q_latent.new_empty(batch, heads, tokens, latent + rope)
     keys = kv_latent.new_empty(batch, 1, context + tokens, latent + rope)
+    # sparse attention prefills in the latent form too (FlashMLA's sparse kernels gather the picked latents)
+    sparse = hasattr(self, "indexer") or hasattr(self, "skip_topk")
     out = record_attention(query, keys, keys[..., :latent], window=module_window(self), kv_shares_storage=True,
-                           expanded_head_dims=(nope + rope, v_dim))
+                           expanded_head_dims=None if sparse else (nope + rope, v_dim))
 
     # absorb W_UV into the output: [H, B*T, latent] @ [H, latent, v]
     out = out.permute(2, 0, 1, 3).reshape(heads, batch * tokens, latent)

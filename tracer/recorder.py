@@ -95,6 +95,8 @@ def _fusion_group(name: str, op_class: str, module_type: str) -> str | None:
 
 def _tp_sharded(module_path: str, module_type: str) -> bool:
     mt = module_type.lower()
+    if "indexer" in mt or ".indexer" in module_path:
+        return False  # a DSA indexer runs whole on every rank (vLLM's and SGLang's ReplicatedLinear, all its heads)
     if "norm" in mt and module_path.count(".") <= 3:
         return False  # layer norms act on the full hidden state, replicated on every rank
     return any(k in mt for k in ("attention", "mlp", "experts", "moe", "linear", "embedding", "mixer", "mamba",
