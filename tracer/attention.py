@@ -100,11 +100,17 @@ def record_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     return out
 
 
+def sparse_attention(module) -> bool:
+    """DeepSeek sparse attention: a module with its own top-k indexer, or one that reuses the picks of another
+    layer's (GLM-5's shared layers, skip_topk)."""
+    return hasattr(module, "indexer") or hasattr(module, "skip_topk")
+
+
 def module_window(module) -> int | None:
     """Keys a query attends to: the sliding window, GPT-Neo's local window, or DeepSeek sparse attention's top-k
     (a query attends to the k keys its indexer selects: the same pairs as a window of k)."""
     config = getattr(module, "config", None)
-    if (hasattr(module, "indexer") or hasattr(module, "skip_topk")) and getattr(config, "index_topk", None):
+    if sparse_attention(module) and getattr(config, "index_topk", None):
         return config.index_topk
     window = getattr(module, "sliding_window", None)
     if window is None and getattr(module, "attention_type", None) == "local":  # GPT-Neo's local layers

@@ -240,7 +240,8 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
         1 for m in model.modules() if mla.fits_absorbed_form(m))
     if any(mla.is_mla(m) and not mla.fits_absorbed_form(m) for m in model.modules()):
         notes.append("an MLA variant the absorbed (engine) form does not fit: its attention is traced as HF runs it")
-    if any(hasattr(m, "indexer") and getattr(getattr(m, "config", None), "index_topk", None) for m in model.modules()):
+    if any(attention.sparse_attention(m) and getattr(getattr(m, "config", None), "index_topk", None)
+           for m in model.modules()):
         notes.append(f"DeepSeek sparse attention: each query attends to the top {config.get_text_config().index_topk} "
                      f"keys its indexer selects (priced like a window of that many keys); the indexer scores every "
                      f"cached key")

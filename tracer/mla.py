@@ -18,7 +18,7 @@ import types
 
 import torch
 
-from .attention import module_window, record_attention
+from .attention import module_window, record_attention, sparse_attention
 from .recorder import active_recorder
 from .weight_formats import MLA_ABSORBED
 from .work import OTHER, VECTOR
@@ -35,7 +35,7 @@ def fits_absorbed_form(module: torch.nn.Module) -> bool:
     with DeepSeek sparse attention, an indexer that takes the query's low-rank residual (V3.2's, GLM-5's)."""
     return is_mla(module) and (hasattr(module, "q_proj") or hasattr(module, "q_b_proj")) and all(
         hasattr(module, a) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_heads")) and (
-        not (hasattr(module, "indexer") or hasattr(module, "skip_topk")) or _absorbable_indexer(module))
+        not sparse_attention(module) or _absorbable_indexer(module))
 
 
 def _absorbable_indexer(module: torch.nn.Module) -> bool:
@@ -115,9 +115,8 @@ def absorbed_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
     query = q_latent.new_empty(batch, heads, tokens, latent + rope)
     keys = kv_latent.new_empty(batch, 1, context + tokens, latent + rope)
     # sparse attention prefills in the latent form too (FlashMLA's sparse kernels gather the picked latents)
-    sparse = hasattr(self, "indexer") or hasattr(self, "skip_topk")
     out = record_attention(query, keys, keys[..., :latent], window=module_window(self), kv_shares_storage=True,
-                           expanded_head_dims=None if sparse else (nope + rope, v_dim))
+                           expanded_head_dims=None if sparse_attention(self) else (nope + rope, v_dim))
 
     # absorb W_UV into the output: [H, B*T, latent] @ [H, latent, v]
     out = out.permute(2, 0, 1, 3).reshape(heads, batch * tokens, latent)

@@ -172,13 +172,12 @@ def speculation_sources(spec: dict | None, notes: list[str]) -> list[str]:
     best candidate's): methods compared side by side rest on acceptances of different origins."""
     out, seen = [], set()
     for s in (spec or {}).get("setups", []):
-        method = s["setup"].split(" k=")[0]
-        if method in seen or any(s["source"] in n for n in notes):
+        if s["method"] in seen or any(s["source"] in n for n in notes):
             continue
-        seen.add(method)
+        seen.add(s["method"])
         rates = ", ".join(f"{a:g}" for a in s["acceptance"])
-        per = "depth" if " topk=" in s["setup"] else "position"
-        out.append(f"speculative decoding, {method}: acceptance {rates} per {per} ({s['source']})")
+        out.append(f"speculative decoding, {s['method']}: acceptance {rates} per "
+                   f"{'depth' if s['tree'] else 'position'} ({s['source']})")
     return out
 
 

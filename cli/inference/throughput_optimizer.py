@@ -349,8 +349,9 @@ def _speculation_summary(drafts, candidates: list[Candidate]) -> dict | None:
         if c.mode == MIXED and c.meets_limits:
             key = c.speculation or "none"
             best[key] = max(best.get(key, 0.0), c.output_tokens_per_s)
-    setups = [{"setup": d.label, "tokens_per_step": d.tokens_per_step, "acceptance": list(d.acceptance),
-               "source": d.source, "best_output_tokens_per_s": best.get(d.label)} for d in drafts]
+    setups = [{"setup": d.label, "method": d.method_name, "tree": d.tree, "tokens_per_step": d.tokens_per_step,
+               "acceptance": list(d.acceptance), "source": d.source, "best_output_tokens_per_s": best.get(d.label)}
+              for d in drafts]
     base = best.get("none")
     winner = max(best, key=best.get) if best else None
     return {"setups": setups, "without_output_tokens_per_s": base, "winner": winner}
