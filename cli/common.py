@@ -7,10 +7,11 @@ import os
 import sys
 from pathlib import Path
 
-from cost.engines import DEFAULT_ENGINE, ENGINES, parse_engine, resolve_overheads
+from cost.engine_kernels.calibration import release_series
+from cost.engines import DEFAULT_ENGINE, ENGINES, engine_releases, parse_engine
 from cost.execution import ENGINE, EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
 from cost.layout_checks import Layout, LayoutError, LayoutReport, ModelFacts, check_layout
-from cost.profile import HardwareProfile, ProfileError, load_profile
+from cost.profile import HardwareProfile, ProfileError, engine_kernel_releases, load_profile
 from tracer.cli_io import dumps_strict, quiet_broken_pipe
 from tracer.__main__ import ArgumentParser, add_model_arguments, model_spec, trace_options
 from tracer.model_source import ModelError
@@ -172,8 +173,13 @@ class EngineAction(argparse.Action):
     def __call__(self, parser, namespace, value, option_string=None):
         try:
             name, release = parse_engine(value)
-            if release is not None:
-                resolve_overheads(name, release)     # a release without data is refused here, not priced
+            # a release without data is refused here, not priced: it needs end-to-end rows (its overheads) or
+            # kernel tables (its kernels, at the nearest release's overheads)
+            if release is not None and release not in engine_releases(name) \
+                    and release_series(release) not in engine_kernel_releases(name):
+                raise ValueError(f"no {ENGINES[name].label} {release} data (end-to-end rows: "
+                                 f"{', '.join(engine_releases(name)) or 'none'}; kernel tables of older releases: "
+                                 f"{', '.join(engine_kernel_releases(name)) or 'none'})")
         except ValueError as e:
             parser.error(f"argument --engine: {e}")
         namespace.engine, namespace.engine_release = name, release
@@ -188,7 +194,7 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=DEFAULT_ENGINE, action=EngineAction, metavar="{" + ",".join(ENGINES) + "}[==R]",
                    help=f"serving engine whose fitted kernel models and overheads price the step (default "
                         f"{DEFAULT_ENGINE}); ENGINE==RELEASE (trtllm==0.17) picks an older release with "
-                        f"end-to-end data, ENGINE alone the newest")
+                        f"end-to-end data or kernel tables, ENGINE alone the newest")
     p.set_defaults(engine_release=None)
     p.add_argument("--ep-style", default=EP_ALL_TOKENS, choices=EP_STYLES,
                    help="expert parallelism: all-tokens (vLLM's default: every rank routes every token, partial "
@@ -296,6 +302,7 @@ def load_device(args) -> HardwareProfile:
     """--device's profile; an engine that does not run on it is refused here, before any tracing."""
     hw = load_profile(args.device)
     if args.execution == ENGINE:
+        hw = hw.at_engine_release(args.engine_release)
         hw.engine(args.engine)
     return hw
 

@@ -2,6 +2,7 @@
 
     python -m cost.calibrate ../shared/measurements/h200 [--profile h200] [--output F | --write-profile]
     python -m cost.calibrate --kernel-db DIR --system h100_sxm --engine vllm [--output F | --write-profile]
+    python -m cost.calibrate --kernel-db OLD_WHEEL --system b200_sxm --engine trtllm --only moe --table-version 1.0.0rc6
     python -m cost.calibrate --from-serving FILE... --device mi300x --engine vllm   (serving/calibrate_serving.py)
 
 The engine path is `cost/calibrate_engine.py`. What follows is the HF eager fit:
@@ -312,6 +313,10 @@ def main(argv=None) -> int:
     p.add_argument("--params", default=None, metavar="P1,P2",
                    help="with --only: refit only these parameters of each refitted kernel model, every other one "
                         "kept at the profile's fit (a new mechanism's parameter, fitted without moving the rest)")
+    p.add_argument("--table-version", default=None, metavar="V",
+                   help="with --kernel-db and --only: fit the tables of this older collector version (e.g. "
+                        "1.0.0rc6) into the engine's `releases` section, for rows and runs of that release; the "
+                        "newest fit stays the engine's own")
     p.add_argument("--start-from", default=None, metavar="PROFILE",
                    help="with --kernel-db: also start each fit from this profile's fit of the same engine (a "
                         "sibling device); the best of the starts wins")

@@ -13,7 +13,7 @@ import numpy as np
 
 from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
                              PrefillAttentionParams, StreamParams, quant_time)
-from .engine_kernels.calibration import ATTENTION_BACKENDS
+from .engine_kernels.calibration import ATTENTION_BACKENDS, release_series
 from .engine_kernels.moe_runners import key_format
 from .kernel_db import COLLECTORS, Collector, KernelTable
 from .kernel_rows import group_rows, price_group
@@ -314,7 +314,14 @@ def run_engine(args) -> int:
                              f"({sibling.origin})")
     only = set(args.only.split(",")) if getattr(args, "only", None) else None
     params = _free_params(getattr(args, "params", None), only, sibling)
-    tables, set_aside = without_impossible_rows(load_tables(args.kernel_db, args.system, args.engine), hw)
+    version = getattr(args, "table_version", None)
+    if version and only is None:
+        raise ValueError("--table-version fits an older release's kernels beside the newest fit: name the tables "
+                         "whose kernels it changed with --only (e.g. --only moe)")
+    tables = load_tables(args.kernel_db, args.system, args.engine, version)
+    if version:
+        tables = {name: t for name, t in tables.items() if name in {o.split("/")[0] for o in only}}
+    tables, set_aside = without_impossible_rows(tables, hw)
     for note in set_aside:
         print(f"{args.system} {args.engine} {note}", file=sys.stderr)
     versions = sorted({f.split("/")[-2] for t in tables.values() for f in t.source.split("; ") if "/nccl/" not in f})
@@ -340,4 +347,20 @@ def run_engine(args) -> int:
         if current is not None else float("inf")
     comparison = (f"held-out median error {'none' if current is None else f'{before * 100:.1f}%'} -> "
                   f"{after * 100:.1f}%")
-    return write_result(hw, args.engine, cal.to_json(), args, comparison, after <= before * 1.001)
+    value, written = cal.to_json(), _engine_section(hw, args.engine)
+    if version:     # the release's sections beside the newest fit, which stays as it is
+        fitted = {s: value[s] for s in sorted({o.split("/")[0] for o in only}) if s in value}
+        value = {**written, "releases": {**written.get("releases", {}), release_series(version): {
+            "origin": origin, "release": version, **fitted}}}
+        comparison += f" (release {version}'s tables, against the newest fit)"
+    elif "releases" in written:     # a refit of the newest tables keeps the older releases' fits
+        value["releases"] = written["releases"]
+    return write_result(hw, args.engine, value, args, comparison, after <= before * 1.001)
+
+
+def _engine_section(hw, engine: str) -> dict:
+    """The profile file's `engines.<engine>` section as it is written."""
+    import json
+    from .profile import profiles_dir
+    source = profiles_dir() / f"{hw.key}.json"
+    return json.loads(source.read_text()).get("engines", {}).get(engine, {})

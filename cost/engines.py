@@ -249,6 +249,17 @@ def engine_releases(engine: str) -> list[str]:
     return sorted(entry.get("releases", {}), key=release_key)
 
 
+def nearest_release(engine: str, release: str | None) -> str | None:
+    """The release with fitted overheads nearest `release`: its own, else the newest older one, else the oldest
+    (None: no release asked, the newest). A release with kernel tables and no end-to-end rows (TensorRT-LLM 1.0)
+    runs its own kernels at this one's overheads."""
+    known = engine_releases(engine)
+    if release is None or not known or release in known:
+        return release if release in known else None
+    older = [k for k in known if release_key(k) <= release_key(release)]
+    return older[-1] if older else known[0]
+
+
 @dataclass(frozen=True)
 class ResolvedOverheads:
     params: ServingOverheads

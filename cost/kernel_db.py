@@ -14,6 +14,7 @@ before 0.17 and SGLang's before 0.5.14 built every layer with gate and up projec
 """
 from __future__ import annotations
 
+import csv
 import io
 import re
 import zipfile
@@ -54,19 +55,56 @@ def _version_key(version: str) -> tuple:
     return tuple((0, int(p)) if p.isdigit() else (-1, p) for p in parts)
 
 
+# the older wheels' CSV tables (aiconfigurator 0.4-0.5: TensorRT-LLM 0.20.0 and 1.0.0rc3 on H200, 1.0.0rc6 on B200)
+_CSV_LAYOUT = re.compile(r"(^|/)([a-z0-9_]+)/([a-z]+)/([0-9][^/]*)/([a-z_]+)\.txt$")
+_CSV_TABLE_OPS = {"gemm_perf": "gemm", "context_attention_perf": "attention", "generation_attention_perf": "attention",
+                  "moe_perf": "moe", "custom_allreduce_perf": "comm", "nccl_perf": "comm"}
+# their MoE tables name the even routing "uniform" where the newer ones say "balanced"
+_CSV_VALUES = {"uniform": "balanced"}
+
+
+def _read_csv(data) -> dict:
+    """A CSV table as the columns a parquet one gives: numbers as numbers."""
+    text = data.read().decode() if hasattr(data, "read") else Path(data).read_text()
+    rows = list(csv.reader(io.StringIO(text)))
+    columns = {}
+    for i, name in enumerate(rows[0]):
+        values = [r[i] for r in rows[1:]]
+        try:
+            columns[name] = [float(v) for v in values]
+        except ValueError:
+            columns[name] = [_CSV_VALUES.get(v, v) for v in values]
+    return columns
+
+
 class _Store:
     """Files under the tables root, in a folder or inside the wheel."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, version: str | None = None):
+        """`version`: only the tables of this collector version (an older release's, e.g. 1.0.0rc6)."""
         p = Path(path).expanduser()
         if not p.exists():
             raise KernelDBError(f"kernel tables not found: {path}")
         self.zip = zipfile.ZipFile(p) if p.is_file() else None
-        names = self.zip.namelist() if self.zip else [str(f.relative_to(p)) for f in p.rglob("*.parquet")]
+        names = self.zip.namelist() if self.zip else [str(f.relative_to(p)) for f in p.rglob("*")
+                                                      if f.suffix in (".parquet", ".txt")]
         self.root = p
-        self.files = [n for n in names if n.endswith(".parquet")]
+        # the older wheels' layout, `<system>/<framework>/<version>/<table>.txt` (CSV), under the names the newer
+        # one gives the same tables, so that one reader serves both
+        self.real = {n: n for n in names if n.endswith(".parquet")}
+        for name in names:
+            if m := _CSV_LAYOUT.search(name):
+                system, framework, found, table = m.group(2, 3, 4, 5)
+                op = _CSV_TABLE_OPS.get(table)
+                if op:
+                    framework = "nccl" if table == "nccl_perf" else framework
+                    self.real[f"{system}/{op}/{framework}/{found}/{table}.parquet"] = name
+        if version is not None:
+            self.real = {v: n for v, n in self.real.items() if _version(v) == version}
+        self.files = list(self.real)
         if not self.files:
-            raise KernelDBError(f"{path}: no parquet tables inside (pass the aiconfigurator-core wheel or its folder)")
+            raise KernelDBError(f"{path}: no tables inside" + (f" of version {version}" if version else "") +
+                                " (pass an aiconfigurator wheel or its folder)")
 
     def find(self, system: str, op: str, framework: str, filename: str) -> str | None:
         found = self.find_all(system, op, framework, filename)
@@ -80,11 +118,14 @@ class _Store:
         return [name for _, name in sorted(found, key=lambda vn: _version_key(vn[0]), reverse=True)]
 
     def read(self, name: str):
+        real = self.real[name]
+        data = io.BytesIO(self.zip.read(real)) if self.zip else str(self.root / real)
+        if real.endswith(".txt"):
+            return _read_csv(data)
         try:
             import pyarrow.parquet as pq
         except ImportError:
             raise KernelDBError("reading the kernel tables needs pyarrow: pip install 'tracecost[calibrate]'") from None
-        data = io.BytesIO(self.zip.read(name)) if self.zip else str(self.root / name)
         return pq.read_table(data).to_pydict()
 
     def systems(self) -> list[str]:
@@ -331,9 +372,10 @@ def table_systems(path: str) -> list[str]:
     return list(_Store(path).systems())
 
 
-def load_tables(path: str, system: str, engine: str) -> dict[str, KernelTable]:
-    """Every kernel table of `engine` on `system` that the store holds, as typed rows and measured seconds."""
-    store = _Store(path)
+def load_tables(path: str, system: str, engine: str, version: str | None = None) -> dict[str, KernelTable]:
+    """Every kernel table of `engine` on `system` that the store holds, as typed rows and measured seconds
+    (`version`: only that collector version's)."""
+    store = _Store(path, version)
     collector = COLLECTORS.get(engine, Collector())
     if system not in store.systems():
         raise KernelDBError(f"{path}: no tables for system '{system}' (systems: {', '.join(store.systems())})")

@@ -105,6 +105,7 @@ class HardwareProfile:
     board_w: float = 0.0          # the board power limit (0: unstated)
     power_origin: str = ""        # where matrix_clock comes from (sourced or fitted)
     memory_usable_gib: float = 0.0   # the total the driver reports (0: unstated, USABLE_SHARE of the datasheet's)
+    kernel_release: str = ""      # the engine release whose kernels are priced ("": the newest fitted)
 
     @property
     def memory_bytes(self) -> float:
@@ -159,7 +160,7 @@ class HardwareProfile:
             raise ProfileError(refusal)
         engines = self.engine_calibrations()
         if name in engines:
-            return engines[name]
+            return engines[name].at_release(self.kernel_release)
         if DEFAULT_ENGINE in engines:
             base = engines[DEFAULT_ENGINE]
             # the default engine's kernel models, not how it batches attention (its backend's, mixed_step_decodes)
@@ -168,6 +169,11 @@ class HardwareProfile:
                                                   f"{ENGINES[DEFAULT_ENGINE].label}'s ({base.origin})"})
         raise ProfileError(f"{self.path or self.name}: no engine kernel calibration (add an 'engines' section "
                            f"or \"engines\": {{\"from\": \"h100\"}})")
+
+    def at_engine_release(self, release: str | None) -> "HardwareProfile":
+        """This device with the kernels an engine release ran, where its own tables were fitted
+        (`engines.<engine>.releases`); the newest fit elsewhere."""
+        return replace(self, kernel_release=release or "")
 
     def serving_fit_overheads(self, engine: str) -> tuple[dict, str] | None:
         """The engine overheads fitted together with this device's kernel scaling (`engines.serving_fit`: the engine
@@ -253,6 +259,20 @@ def with_power_cap(profile: HardwareProfile, watts: float) -> HardwareProfile:
               + (f"; uncapped: {profile.power_origin}" if profile.power_origin else ""))
     return replace(profile, key=f"{profile.key}@{watts:g}W", path=f"{profile.path}@{watts:g}W",
                    name=f"{profile.name} at {watts:g} W", matrix_clock=clock, board_w=watts, power_origin=origin)
+
+
+def engine_kernel_releases(engine: str) -> list[str]:
+    """The older releases (major.minor) of `engine` whose kernel tables some bundled profile has fitted
+    (`engines.<engine>.releases`)."""
+    found = set()
+    for path in profiles_dir().glob("*.json"):
+        try:
+            section = json.loads(path.read_text()).get("engines", {}).get(engine, {})
+        except (OSError, ValueError):
+            continue
+        if isinstance(section, dict) and isinstance(section.get("releases"), dict):
+            found |= set(section["releases"])
+    return sorted(found)
 
 
 def profiles_dir() -> Path:

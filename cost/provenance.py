@@ -96,7 +96,7 @@ _ORIGINS: dict[tuple, Origin] = {}
 
 def kernel_origin(hw: HardwareProfile, engine: str | None, overheads: str | None = None) -> Origin:
     """Where `hw`'s kernel numbers for `engine` (None: HF eager) come from (`overheads`: the step overheads')."""
-    key = (hw.path or hw.key, engine, overheads)
+    key = (hw.path or hw.key, hw.kernel_release, engine, overheads)
     if key not in _ORIGINS:
         _ORIGINS[key] = _kernel_origin(hw, engine, overheads)
     return _ORIGINS[key]

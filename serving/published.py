@@ -7,7 +7,7 @@ import math
 from contextlib import contextmanager
 from dataclasses import replace
 
-from cost.engines import ENGINES, ServingOverheads, engine_releases, release_key
+from cost.engines import ENGINES, ServingOverheads
 from cost.estimate import Parallelism
 from cost.profile import HardwareProfile, load_profile, with_device_suffixes
 from tracer.model_source import resolve_model
@@ -55,14 +55,15 @@ class Predictor:
         return load_profile(run.device) if self.hw is None else with_device_suffixes(self.hw, run.device)
 
     def cost(self, run: PublishedRun) -> StepCost:
-        key = (run.model, run.device, run.engine, run.release, run.dtype, run.kv_dtype, run.tp, run.ep,
+        attention_dp = run.replicas if run.attention_dp else 1
+        key = (run.model, run.device, run.engine, run.release, run.dtype, run.kv_dtype, run.tp, run.ep, attention_dp,
                run.speculation, run.streams)
         if key not in self._costs:
             spec, hw = resolve_model(run.model), self.profile(run)
             options = TraceOptions(dtype=run.dtype, kv_cache_dtype=run.kv_dtype)
             self._costs[key] = speculative_step(
-                StepCost(spec, hw, options, "engine", Parallelism(run.tp, ep=run.ep), run.engine,
-                         release=_known_release(run.engine, run.release), streams=run.streams), run.speculation)
+                StepCost(spec, hw, options, "engine", Parallelism(run.tp, ep=run.ep, attention_dp=attention_dp),
+                         run.engine, release=run.release, streams=run.streams), run.speculation)
         return self._costs[key]
 
     def limits(self, run: PublishedRun, cost: StepCost) -> Limits:
@@ -227,16 +228,6 @@ def rate_within_limits(predictor: Predictor, run: PublishedRun, limits: dict | N
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if within(mid) else (lo, mid)
     return lo
-
-
-def _known_release(engine: str, release: str | None) -> str | None:
-    """The release with fitted overheads nearest the row's: its own, else the newest older one, else the oldest
-    (None: the row names no release, priced as a user would be, with the newest)."""
-    known = engine_releases(engine)
-    if release is None or not known or release in known:
-        return release if release in known else None
-    older = [k for k in known if release_key(k) <= release_key(release)]
-    return older[-1] if older else known[0]
 
 
 __all__ = ["ENGINES", "METRICS", "Predictor", "PredictorPool", "PublishedRun", "load_published", "map_row",

@@ -36,12 +36,15 @@ MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-
           "mistralai/Mistral-7B-Instruct-v0.3": "mistral-7b",
           "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b", "mistralai/Mixtral-8x22B-Instruct-v0.1": "mixtral-8x22b",
           "Qwen/Qwen3-8B": "qwen3-8b", "Qwen/Qwen3-14B": "qwen3-14b", "Qwen/Qwen3-32B": "qwen3-32b",
-          "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b", "openai/gpt-oss-20b": "gpt-oss-20b",
+          "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b",
+          "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b", "openai/gpt-oss-20b": "gpt-oss-20b",
           "openai/gpt-oss-120b": "gpt-oss-120b", "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",   # V3's architecture
           "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
           "deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2",
           "zai-org/GLM-4.5-Air": "glm-4.5-air", "zai-org/GLM-4.6": "glm-4.6",
-          "meta-llama/Llama-3.2-1B": "llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b"}
+          "meta-llama/Llama-3.2-1B": "llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b",
+          "meta-llama/Llama-4-Maverick-17B-128E-Instruct": "llama-4-maverick",
+          "meta-llama/Llama-4-Scout-17B-16E-Instruct": "llama-4-scout"}
 # NVIDIA's L40S runs reach every GPU peer-to-peer (their TP4/TP8 throughput is out of reach at the 4/8-GPU
 # bandwidth of the server the kernel tables were measured on): hw_profiles/l40s.json, topology pcie-switch
 DEVICES = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100",
@@ -100,6 +103,7 @@ class PublishedRun:
     set_aside: dict = field(default_factory=dict)    # {metric: why}: numbers the row's own others rule out
     chat_requests: bool = True   # its client sent chat completions (the server renders each prompt; _chat_requests)
     scheduler_steps: int = 1     # vLLM's multi-step scheduling (--num-scheduler-steps): one schedule per k decodes
+    attention_dp: bool = False   # the replicas are attention-DP ranks whose MoE layers form one EP group of tp x replicas
 
 
 def _engine(text: str) -> str | None:
@@ -243,8 +247,12 @@ def _skip_reason(r: dict, model, device, engine) -> str | None:
         why = _speculation(r["spec_decode"], engine)[1]
         if why:
             return why
-    if (r.get("pp") or 1) != 1 or r.get("disaggregated") or r.get("attention_dp"):
-        return "layout not priced (pipeline, disaggregated or attention-DP)"
+    if (r.get("pp") or 1) != 1 or r.get("disaggregated"):
+        return "layout not priced (pipeline or disaggregated)"
+    if r.get("attention_dp"):
+        layout, why = _attention_dp_layout(r)
+        if layout is None:
+            return why
     if _dtype(r.get("precision") or "", model, r.get("checkpoint")) is None:
         return f"weight format '{r.get('precision')}' is not modelled"
     if not r.get("isl") or not r.get("osl"):
@@ -252,6 +260,21 @@ def _skip_reason(r: dict, model, device, engine) -> str | None:
     if (r.get("num_gpus") or 1) > 1 and not r.get("tp") and not r.get("dp"):
         return f"layout not stated ({r['num_gpus']} GPUs, no TP or DP)"
     return None
+
+
+def _attention_dp_layout(r: dict) -> tuple[tuple[int, int, int] | None, str]:
+    """((attention TP, DP ranks, EP), "") of an attention-DP row, or (None, why not). vLLM states its ranks as
+    -tp T -dp D (T x D GPUs); SGLang as --tp-size N --dp-size D --enable-dp-attention, each rank's attention then
+    running TP N / D. The MoE is one EP group across all of them where the row says so (--ep-size,
+    --enable-expert-parallel); tracecost prices no other attention-DP layout."""
+    gpus, dp = int(r.get("num_gpus") or 1), int(r.get("dp") or 1)
+    flags = stated_settings(r.get("engine_flags"), r.get("engine"))
+    ep = int(r.get("ep") or (gpus if flags.expert_parallel else 1))
+    if dp < 2 or gpus % dp:
+        return None, f"attention DP over {dp} ranks of {gpus} GPUs is not a layout tracecost prices"
+    if ep != gpus:
+        return None, "attention DP whose MoE is tensor-parallel across the DP ranks (no expert parallelism) is not priced"
+    return (gpus // dp, dp, ep), ""
 
 
 def _measured(r: dict) -> tuple[dict, dict]:
@@ -346,6 +369,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
     tp = int(r.get("tp") or 1)
     replicas = int(r.get("dp") or 1)
     ep = int(r.get("ep") or (tp if flags.expert_parallel else 1))
+    if r.get("attention_dp"):
+        (tp, replicas, ep), _ = _attention_dp_layout(r)
     measured, percentiles = _measured(r)
     set_aside = _contradicted(r, measured)
     measured = {m: v for m, v in measured.items() if m not in set_aside}
@@ -368,7 +393,7 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         _prefix_hit_rate(r),
         streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler,
         mixed_chunk=flags.mixed_chunk, set_aside=set_aside, chat_requests=_chat_requests(r),
-        scheduler_steps=flags.scheduler_steps)
+        scheduler_steps=flags.scheduler_steps, attention_dp=bool(r.get("attention_dp")))
     return run, None
 
 

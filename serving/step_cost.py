@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from cost.engine_pricing import decode_rows_in_prefill
-from cost.engines import ENGINES, ServingOverheads, serving_overheads
+from cost.engines import ENGINES, ServingOverheads, nearest_release, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
 from cost.op_formats import expert_resident, is_formats_note
 from cost.parallel import point_to_point_seconds
@@ -57,13 +57,20 @@ class StepCost:
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str,
                  par: Parallelism | int, engine: str = "vllm", overheads: ServingOverheads | None = None,
                  release: str | None = None, streams: bool = False):
+        """`release`: the engine release priced: its kernels where the device has tables of it
+        (HardwareProfile.at_engine_release), its overheads, or the nearest release's that has them."""
         self.par = par if isinstance(par, Parallelism) else Parallelism(par)
+        if execution == ENGINE and release:
+            hw = hw.at_engine_release(release)
         self.streams = streams       # every step returns each running request's tokens to its client
         self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, self.par.tp
         self.engine = engine
         self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         if execution == ENGINE:
-            fitted, self.overhead_origin = step_overheads(hw, engine, release)
+            priced = nearest_release(engine, release)
+            fitted, self.overhead_origin = step_overheads(hw, engine, priced)
+            if release and priced != release:
+                self.overhead_origin += f"; no {ENGINES[engine].label} {release} end-to-end data: {priced}'s overheads"
             self.overheads = overheads or fitted
             if self.overheads.kernel_time != 1.0:
                 self.overhead_origin += (f"; this release's kernels take {self.overheads.kernel_time:.3g}x the time "

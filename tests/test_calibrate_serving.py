@@ -95,11 +95,11 @@ def test_devset_rows_the_predictor_refuses_are_skipped_with_why(tmp_path):
     f.write_text("\n".join(json.dumps(r) for r in (good, no_lengths, attention_dp)))
     rows = load_file(str(f))
     assert [m.unpriced for m in rows] == ["", "lengths not stated",
-                                          "layout not priced (pipeline, disaggregated or attention-DP)"]
+                                          "attention DP over 1 ranks of 8 GPUs is not a layout tracecost prices"]
     logged = []
     kept = usable_rows(rows, load_profile("mi300x"), "vllm", logged.append)
     assert [m.id for m in kept] == [good["id"]]
-    assert sorted(logged) == ["skipped 1 rows: layout not priced (pipeline, disaggregated or attention-DP)",
+    assert sorted(logged) == ["skipped 1 rows: attention DP over 1 ranks of 8 GPUs is not a layout tracecost prices",
                               "skipped 1 rows: lengths not stated"]
 
 

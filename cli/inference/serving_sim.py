@@ -19,7 +19,7 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
-from cost.engines import ENGINES, serving_overheads
+from cost.engines import ENGINES, nearest_release, serving_overheads
 from cost.op_formats import expert_resident
 from serving.capacity import kv_admission, replica_memory, reserves_whole_output
 from serving.arrivals import ClosedLoopArrivals
@@ -61,7 +61,7 @@ def server_config(args, spec, hw, options) -> ServerConfig:
     if args.gpu_cache_gb == "auto":
         # what the engine's memory budget leaves for the KV cache (serving/capacity.py), as the optimizer uses
         defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
-        overheads = serving_overheads(args.engine, args.engine_release)[0]
+        overheads = serving_overheads(args.engine, nearest_release(args.engine, args.engine_release))[0]
         reserve, group = (overheads.reserve_gb, overheads.group_reserve_gb) if args.execution == "engine" else (0, 0)
         free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size, group_reserve_gb=group,
                               expert_resident=expert_resident(probe, args.engine, hw, args.execution)).kv_cache

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from cost.engines import ENGINES, resolve_overheads
+from cost.engines import ENGINES, nearest_release, resolve_overheads
 from cost.estimate import BREAKDOWN_CLASSES, Estimate, Parallelism, estimate
 from cost.kernels import COMPUTE, MEMORY, OVERHEAD
 from cost.op_formats import expert_resident
@@ -101,10 +101,12 @@ class Result:
 
 
 def predict(model: str | ModelSpec, device: str, config: UserInputConfig, tp: int = 1, ep: int = 1, execution: str = "engine",
-            options=None, engine: str = "vllm", ep_style: str = "all-tokens") -> Result:
+            options=None, engine: str = "vllm", ep_style: str = "all-tokens", release: str | None = None) -> Result:
+    """`release`: the engine release whose kernels price the step, where the device has tables of it."""
     from tracer.work import TraceOptions
     hw = load_profile(device)
     if execution == "engine":
+        hw = hw.at_engine_release(release)
         hw.engine(engine)       # an engine that does not run on the device is refused before tracing
     info = config.get_request_info()
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
@@ -171,13 +173,13 @@ def sweep(args, spec: ModelSpec, options, rates: list[float]) -> int:
         for rate in rates:
             config = UserInputConfig(args.num_queries, args.query_length, args.context_length, False, rate)
             results.append(predict(spec, args.device, config, args.tp_size, args.ep_size, args.execution, options,
-                                   args.engine, args.ep_style))
+                                   args.engine, args.ep_style, args.engine_release))
             bar.update()
     base = results[0].estimate.latency_s if rates[0] == 0 else None
     if base is None:
         base = predict(spec, args.device, UserInputConfig(args.num_queries, args.query_length, args.context_length),
                        args.tp_size, args.ep_size, args.execution, options, args.engine,
-                       args.ep_style).estimate.latency_s
+                       args.ep_style, args.engine_release).estimate.latency_s
     rows = [{"prefix_cache_hit_rate": r.config.prefix_cache_hit_rate, "cached_tokens": r.info.cached_tokens,
              "effective_query_length": r.info.query_len, "ttft_ms": r.estimate.latency_s * 1e3,
              "prefill_tokens_per_s": r.throughput, "speedup": base / r.estimate.latency_s} for r in results]
@@ -242,12 +244,12 @@ def check_work(args) -> None:
 def release_kernels_warning(engine: str, release: str) -> str | None:
     """A single step prices the kernel fits' own release; an older release's steps take its kernel time
     (cost/engines.py ServingOverheads.kernel_time), which whole requests (--output-length) pay."""
-    r = resolve_overheads(engine, release)
+    r = resolve_overheads(engine, nearest_release(engine, release))
     if r.params.kernel_time == 1.0:
         return None
     return (f"{ENGINES[engine].label} {r.release}'s steps take {r.params.kernel_time:.3g}x the kernel times shown "
-            f"(its fitted kernel_time); this single step is priced with the kernel fits' own release, "
-            f"--output-length N prices whole requests with it")
+            f"(its fitted kernel_time); this single step is priced with the kernel fits' own release (and the "
+            f"device's tables of {release} where it has them), --output-length N prices whole requests with it")
 
 
 def body(args) -> int:
@@ -283,7 +285,7 @@ def body(args) -> int:
     query = 1 if args.decode and args.query_length is None else args.query_length
     config = UserInputConfig(args.num_queries, query, args.context_length, args.decode, args.prefix_cache_hit_rate)
     result = predict(spec, args.device, config, args.tp_size, args.ep_size, args.execution, options,
-                     args.engine, args.ep_style)
+                     args.engine, args.ep_style, args.engine_release)
     if args.json:
         print(dumps_strict({**result.as_json(), "warnings": list(args.layout_warnings)}, indent=1))
     else:

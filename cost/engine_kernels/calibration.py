@@ -1,6 +1,7 @@
 """One engine's fitted kernel models on one device: the `engines.<name>` section of a hardware profile."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .attention import DecodeAttentionParams, PrefillAttentionParams
@@ -29,6 +30,9 @@ SECTIONS = ("gemm", "quant", "elementwise", "prefill_attention", "decode_attenti
 # kernels an engine runs an attention with per-head sink logits (gpt-oss) through on a device whose fitted prefill
 # kernel lacks them (cost/engine_kernels/unified_attention.py)
 SINK_KERNELS = ("triton_unified",) + ATTENTION_BACKENDS
+
+
+_AT_RELEASE: dict = {}    # (id(base), release) -> (base, the base at that release); the base held keeps its id unique
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,33 @@ class EngineCalibration:
     # kernel). Empty: decode rows run the decode kernel in every step (FlashInfer and MLA backends split the batch;
     # SGLang and TensorRT-LLM run the phases on kernels of their own)
     mixed_step_decodes: dict = field(default_factory=dict)
+    # "major.minor" -> the kernel models an older release ran, fitted on that release's own tables (only the sections
+    # whose kernels changed between releases: TensorRT-LLM's fused MoE ran 1.2-2x slower in 0.20 and 1.0 than in 1.3)
+    releases: dict[str, "EngineCalibration"] = field(default_factory=dict)
+
+    def at_release(self, release: str | None) -> "EngineCalibration":
+        """The kernel models `release` (major.minor, or a full version) ran: this calibration with the sections
+        fitted on that release's tables in place of its own; itself where no tables of that release were fitted."""
+        older = self.releases.get(release_series(release)) if release else None
+        if older is None:
+            return self
+        # one object per (calibration, release): the kernel price cache keys on the calibration's identity
+        hit = _AT_RELEASE.get((id(self), older.release))
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        values = {name: getattr(older, name) for name in SECTIONS
+                  if getattr(older, name) not in (None, {})}
+        label = ", ".join(values)
+        own = {key: value for key, value in {**self.inherited, **self.carried}.items()
+               if key.split(".")[0] not in values}
+        result = EngineCalibration(**{**self.__dict__, **values, "releases": {},
+                                    "inherited": {k: v for k, v in self.inherited.items() if k in own},
+                                    "carried": {k: v for k, v in self.carried.items() if k in own},
+                                    "origin": f"{self.origin}; its {label} kernels as release {older.release} ran "
+                                              f"them ({older.origin})",
+                                    "release": f"{older.release} ({label}), {self.release}"})
+        _AT_RELEASE[(id(self), older.release)] = (self, result)
+        return result
 
     @property
     def sink_backend(self) -> str:
@@ -92,7 +123,7 @@ class EngineCalibration:
         return EngineCalibration(engine=self.engine, origin=self.origin, release=self.release,
                                  inherited={**self.inherited, **taken}, carried=self.carried,
                                  sink_attention=self.sink_attention, mixed_step_decodes=self.mixed_step_decodes,
-                                 **values)
+                                 releases=self.releases, **values)
 
     def with_format(self, key: str, params, label: str) -> "EngineCalibration":
         """This calibration with one `section.format` set to `params`, taken from `label` (said in notes)."""
@@ -122,7 +153,15 @@ class EngineCalibration:
         if self.allreduce:
             out["allreduce"] = {impl: {str(n): c.to_json() for n, c in sorted(curves.items())}
                                 for impl, curves in self.allreduce.items()}
+        if self.releases:
+            out["releases"] = {key: cal.to_json() for key, cal in sorted(self.releases.items())}
         return out
+
+
+def release_series(release: str) -> str:
+    """major.minor of a release or collector version ("1.0.0rc6" -> "1.0")."""
+    parts = re.findall(r"\d+", release)
+    return ".".join(parts[:2]) if len(parts) >= 2 else release
 
 
 def _keyed(data, where: str, allowed: tuple[str, ...], cls: type[ParamSet]) -> dict:
@@ -170,9 +209,25 @@ def _mixed_step_decodes(data, where: str) -> dict:
     return dict(data)
 
 
+def _releases(engine: str, data, where: str) -> dict[str, EngineCalibration]:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: must map a release (major.minor) to the kernel models fitted on its tables")
+    out = {}
+    for key, body in data.items():
+        if not re.fullmatch(r"\d+\.\d+", key):
+            raise ValueError(f"{where}: '{key}' is not a release (major.minor, e.g. 1.0)")
+        if not isinstance(body, dict) or "releases" in body or not isinstance(body.get("release"), str):
+            raise ValueError(f"{where}.{key}: must be an object with the collector version it was fitted on "
+                             f"(\"release\") and its sections, no releases of its own")
+        if release_series(body["release"]) != key:
+            raise ValueError(f"{where}.{key}: fitted on release {body['release']}, not {key}")
+        out[key] = parse_calibration(engine, body, f"{where}.{key}")
+    return out
+
+
 def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
     """Validate an `engines.<engine>` section (without `from`); every error names the field."""
-    allowed = {"origin", "release", "carried", "sink_attention", "mixed_step_decodes", *SECTIONS}
+    allowed = {"origin", "release", "carried", "sink_attention", "mixed_step_decodes", "releases", *SECTIONS}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ValueError(f"{where}: unknown field '{unknown[0]}' (fields: {', '.join(sorted(allowed))})")
@@ -214,4 +269,5 @@ def parse_calibration(engine: str, data: dict, where: str) -> EngineCalibration:
                                  PrefillAttentionParams),
         decode_attention=_keyed(data.get("decode_attention", {}), f"{where}.decode_attention", DECODE_KERNELS,
                                 DecodeAttentionParams),
-        moe=_keyed(data.get("moe", {}), f"{where}.moe", MOE_MODELS, MoeParams), allreduce=allreduce)
+        moe=_keyed(data.get("moe", {}), f"{where}.moe", MOE_MODELS, MoeParams), allreduce=allreduce,
+        releases=_releases(engine, data["releases"], f"{where}.releases") if "releases" in data else {})
