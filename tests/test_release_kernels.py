@@ -123,3 +123,13 @@ def test_the_llama4_configs_hold_their_published_sizes(name, billions, moe_layer
     run, why = map_row({**ROW, "model": f"meta-llama/{hf_id}", "attention_dp": False, "dp": 1, "ep": None, "tp": 8,
                         "precision": "fp8", "engine_flags": "vllm serve m -tp 8"})
     assert why is None and run.model == name
+
+
+def test_a_device_scaled_from_a_fit_scales_its_release_sections_too():
+    from cost.engine_kernels.device_fit import DeviceScaling, scale_calibration, scale_params
+    cal = load_profile("h200").engine("trtllm")
+    s = DeviceScaling.from_json({"matrix": 1.0, "hbm": 0.5, "narrow_tiles": 1.0, "kernel_us": 0.0}, "test")
+    scaled = scale_calibration(cal, s, "test")
+    assert set(scaled.releases) == set(cal.releases) == {"0.20", "1.0"}
+    expected = {k: scale_params(v, s) for k, v in cal.releases["1.0"].moe.items()}
+    assert scaled.at_release("1.0").moe == expected != cal.releases["1.0"].moe

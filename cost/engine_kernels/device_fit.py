@@ -69,7 +69,8 @@ def scale_calibration(cal: EngineCalibration, s: DeviceScaling, origin: str) -> 
                    decode_attention=each(cal.decode_attention),
                    quant=scale_params(cal.quant, s) if cal.quant else None,
                    elementwise=scale_params(cal.elementwise, s) if cal.elementwise else None,
-                   allreduce={impl: each(curves) for impl, curves in cal.allreduce.items()})
+                   allreduce={impl: each(curves) for impl, curves in cal.allreduce.items()},
+                   releases={key: scale_calibration(older, s, origin) for key, older in cal.releases.items()})
 
 
 def parse_serving_fit(data, where: str) -> tuple[DeviceScaling, str]:
