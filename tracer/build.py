@@ -231,6 +231,9 @@ def build_model(spec: ModelSpec, dtype: str = "bf16", mla_form: str = "absorbed"
         raise ModelError(f"unsupported: cannot build {spec.name} ({type(config).__name__}) on meta: "
                          f"{type(e).__name__}: {_first_line(e)}") from None
     model.eval()
+    if getattr(config, "vision_config", None) is not None and not hasattr(model, "get_image_features"):
+        notes.append(f"{type(model).__name__} is the text model of a vision-language config: the vision encoder's "
+                     f"weights are not counted in memory (an engine serving the whole checkpoint loads them too)")
     mark_causality(model, config)
     legacy = cast_legacy_float32(model, TORCH_DTYPES[dtype])
     if legacy:
