@@ -49,7 +49,7 @@ MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-
 # bandwidth of the server the kernel tables were measured on): hw_profiles/l40s.json, topology pcie-switch
 DEVICES = {"H100-SXM-80GB": "h100", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100",
            "L40S-48GB": "l40s:pcie-switch", "B200-SXM-180GB": "b200", "B200-180GB": "b200",
-           "MI300X-192GB": "mi300x", "RTX-4090-24GB": "rtx4090",
+           "MI300X-192GB": "mi300x", "RTX-4090-24GB": "rtx4090", "RTX-PRO-6000-96GB": "rtxpro6000",
            # issue 20's fleet: MLPerf's names of these parts (hw_profiles/*.json aliases)
            "GH200-144GB": "gh200", "GH200-96GB": "gh200_96gb", "H100-NVL-94GB": "h100nvl", "H100-PCIe-80GB": "h100pcie",
            "H200-NVL-141GB": "h200nvl", "GB200-186GB": "gb200", "GB300-288GB": "gb300", "B300-SXM-288GB": "b300",
