@@ -4,7 +4,8 @@
 
 DIR is the wheel itself, its unzipped folder, or any folder holding `<system>/<op>/<framework>/<version>/*.parquet`.
 For each table the newest collected version is read (a MoE format whose newest rows time a kernel the engine's
-default launch does not run comes from the newest version that times the one it does). Reading parquet needs pyarrow
+default launch does not run comes from the newest version that times the one it does; the MoE rows of the newest
+release's earlier candidates fill the formats and expert shapes its newest does not time). Reading parquet needs pyarrow
 (`pip install 'tracecost[calibrate]'`); tracecost never needs the tables at run time.
 
 Semantics (read from the collectors and checked against the numbers): latency is ms per call, timed as
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .engine_kernels.calibration import release_series
 from .engine_kernels.moe_runners import table_runner
 from .kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow
 
@@ -347,14 +349,30 @@ def _quant(static, dynamic_extra) -> tuple[list, list]:
     return rows, ms
 
 
+def _shape(row: MoeRow) -> tuple:
+    return row.dtype, row.hidden, row.inter, row.experts, row.top_k
+
+
 def add_moe(files: list[str], store: _Store, collector: Collector, system: str, add, engine: str = "") -> None:
     """The newest MoE table, each format the engine runs another kernel for (`Collector.moe_served`) taken
-    from the newest version that times the served one."""
+    from the newest version that times the served one. The release candidates of the newest release are one
+    release's kernels timed in parts (TensorRT-LLM's 1.3.0rc23 times three new expert shapes, rc20 two dozen):
+    each format and expert shape comes from the newest of them that times it."""
     served = {fmt: sources for fmt, systems, sources in collector.moe_served if system.startswith(systems)}
     newest = files[0]
     rows, ms = _moe(store.read(newest), collector.relu2_timed_gated(_version(newest)), collector.single_rank_ep,
                     served, engine=engine)
     used = [newest]
+    for older in files[1:]:
+        if release_series(_version(older)) != release_series(_version(newest)):
+            break
+        seen = {_shape(r) for r in rows}
+        more, more_ms = _moe(store.read(older), collector.relu2_timed_gated(_version(older)),
+                             collector.single_rank_ep, served, engine=engine)
+        keep = [i for i, r in enumerate(more) if _shape(r) not in seen]
+        if keep:
+            rows, ms = rows + [more[i] for i in keep], ms + [more_ms[i] for i in keep]
+            used.append(older)
     for fmt in served:
         if any(r.dtype == fmt for r in rows):
             continue

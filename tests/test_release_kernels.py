@@ -135,3 +135,24 @@ def test_a_device_scaled_from_a_fit_scales_its_release_sections_too():
     assert set(scaled.releases) == set(cal.releases) == {"0.20", "1.0"}
     expected = {k: scale_params(v, s) for k, v in cal.releases["1.0"].moe.items()}
     assert scaled.at_release("1.0").moe == expected != cal.releases["1.0"].moe
+
+
+def test_the_newest_releases_candidates_are_merged_shape_by_shape(tmp_path):
+    """TensorRT-LLM's 1.3.0rc23 MoE table times three new expert shapes and rc20 two dozen: each format and shape
+    comes from the newest candidate of the newest release timing it, and nothing from an older release."""
+    header = MOE_CSV.splitlines()[0]
+
+    def table(version, shapes):
+        folder = tmp_path / "aiconfigurator" / "systems" / "data" / "b200_sxm" / "trtllm" / version
+        folder.mkdir(parents=True)
+        lines = [f"TRTLLM,{version},NVIDIA B200,moe,moe_torch_flow,nvfp4,64,{h},{i},8,128,1,1,uniform,{ms}"
+                 for h, i, ms in shapes]
+        (folder / "moe_perf.txt").write_text("\n".join([header, *lines]) + "\n")
+
+    table("1.3.0rc23", [(4096, 1536, 0.1)])
+    table("1.3.0rc20", [(4096, 1536, 0.9), (2048, 768, 0.2)])
+    table("1.2.0rc5", [(7168, 2048, 0.3)])
+    moe = load_tables(str(tmp_path), "b200_sxm", "trtllm")["moe"]
+    assert sorted((r.hidden, s * 1e3) for r, s in zip(moe.rows, moe.seconds)) == [(2048, pytest.approx(0.2)),
+                                                                                (4096, pytest.approx(0.1))]
+    assert "1.3.0rc20" in moe.source and "1.2.0rc5" not in moe.source
