@@ -267,7 +267,7 @@ class ResolvedOverheads:
     origin: str                  # what they were fitted on, said in every command's notes
 
 
-def resolve_overheads(engine: str, release: str | None = None) -> ResolvedOverheads:
+def resolve_overheads(engine: str, release: str | None = None, asked: str | None = None) -> ResolvedOverheads:
     """The engine's overheads at `release` (default: the newest release with data). The fit shares physics
     across releases (`shared`) and adds a release's own terms only where its rows demanded them. An engine with
     no end-to-end rows borrows another's (`from`), and says so."""
@@ -288,7 +288,9 @@ def resolve_overheads(engine: str, release: str | None = None) -> ResolvedOverhe
         release = releases[-1]
         how = "newest with data"
     elif release in releases:
-        how = "as asked"
+        # `asked`: the release a run asked for, which has kernel tables and no end-to-end rows of its own
+        how = f"no {ENGINES[engine].label} {asked} end-to-end data: the nearest release's" \
+            if asked and asked != release else "as asked"
     else:
         raise ValueError(f"no {ENGINES[engine].label} {release} end-to-end data (releases with data: "
                          f"{', '.join(releases)})")
@@ -299,7 +301,8 @@ def resolve_overheads(engine: str, release: str | None = None) -> ResolvedOverhe
                              f"{entry.get('origin', 'fitted')}")
 
 
-def serving_overheads(engine: str, release: str | None = None) -> tuple[ServingOverheads, str]:
+def serving_overheads(engine: str, release: str | None = None, asked: str | None = None) \
+        -> tuple[ServingOverheads, str]:
     """The engine's fitted overheads and where they come from (another engine's fit, when it has none)."""
-    r = resolve_overheads(engine, release)
+    r = resolve_overheads(engine, release, asked)
     return r.params, r.origin

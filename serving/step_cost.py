@@ -32,14 +32,15 @@ from .capacity import ReplicaMemory, replica_memory
 from .derived_trace import attention_work, derive, outside_attention
 
 
-def step_overheads(hw: HardwareProfile, engine: str, release: str | None = None) -> tuple[ServingOverheads, str]:
+def step_overheads(hw: HardwareProfile, engine: str, release: str | None = None,
+                   asked: str | None = None) -> tuple[ServingOverheads, str]:
     """The engine's step overheads on `hw` and their origin: fitted with this device's kernel scaling on its own
     cluster (`engines.serving_fit`, serving/calibrate_serving.py), else the engine's fit (cost/engine_serving.json)."""
     on_device = hw.serving_fit_overheads(engine)
     if on_device:
         return (ServingOverheads.from_json(on_device[0], f"{hw.path}: engines.serving_fit.overheads"),
                 f"fitted on this device: {on_device[1]}")
-    return serving_overheads(engine, release)
+    return serving_overheads(engine, release, asked)
 
 
 STEADY_MEMO = 1 << 18    # steady-state steps remembered per StepCost (a sweep of many loads starts afresh past it)
@@ -67,10 +68,7 @@ class StepCost:
         self.engine = engine
         self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         if execution == ENGINE:
-            priced = nearest_release(engine, release)
-            fitted, self.overhead_origin = step_overheads(hw, engine, priced)
-            if release and priced != release:
-                self.overhead_origin += f"; no {ENGINES[engine].label} {release} end-to-end data: {priced}'s overheads"
+            fitted, self.overhead_origin = step_overheads(hw, engine, nearest_release(engine, release), release)
             self.overheads = overheads or fitted
             if self.overheads.kernel_time != 1.0:
                 self.overhead_origin += (f"; this release's kernels take {self.overheads.kernel_time:.3g}x the time "
