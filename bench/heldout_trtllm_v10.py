@@ -9,7 +9,8 @@ the MoE kernels of 1.0 where a device has tables of that release (hw_profiles en
 
 The page runs its MoE models with `--ep` and attention DP, and states neither value beside its tables. Each MoE row
 with TP > 1 is therefore priced three ways, none chosen by fit: as the table states it (TP only), with EP = TP, and
-with EP = TP under attention DP (one DP rank per GPU).
+with EP = TP under attention DP (one DP rank per GPU), each row read through serving/published_rows.py as if it
+stated that layout.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,21 +25,21 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.common import positive_int  # noqa: E402
-from serving.published import Predictor, PredictorPool, load_published  # noqa: E402
+from serving.published import Predictor, PredictorPool, load_published, map_row  # noqa: E402
+from serving.published_rows import MODELS  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "trtllm_v10_perf_overview.jsonl"
 READINGS = ("as stated (TP)", "EP = TP", "EP = TP, attention DP")
 MOE_MODELS = {"llama-4-scout", "llama-4-maverick", "qwen3-30b-a3b", "qwen3-235b-a22b"}
 
 
-def read(run, reading: str):
-    """The run as `reading` lays out its MoE layers (dense rows and one-GPU rows are as stated)."""
-    if run.model not in MOE_MODELS or run.tp == 1 or reading == READINGS[0]:
-        return run
+def read(row: dict, reading: str) -> dict:
+    """The row as `reading` lays out its MoE layers (dense rows and one-GPU rows are as stated), for map_row."""
+    if MODELS.get(row["model"]) not in MOE_MODELS or row["tp"] == 1 or reading == READINGS[0]:
+        return row
     if reading == READINGS[1]:
-        return replace(run, ep=run.tp)
-    return replace(run, ep=run.tp, replicas=run.tp, tp=1, attention_dp=True,
-                   load=replace(run.load, requests=-(-run.load.requests // run.tp)))
+        return {**row, "ep": row["tp"]}
+    return {**row, "ep": row["tp"], "dp": row["tp"], "attention_dp": True}
 
 
 def summary(errors: list[float]) -> dict:
@@ -52,11 +52,12 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=positive_int, default=1, help="processes pricing rows in parallel (default 1)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     runs, skipped = load_published(str(DATA))
     groups: dict = defaultdict(list)
     with PredictorPool(Predictor(), args.jobs) as pool:
         for reading in READINGS:
-            read_runs = [read(r, reading) for r in runs]
+            read_runs = [run for run, _ in (map_row(read(r, reading)) for r in rows) if run is not None]
             for run, pred, error in pool.map(read_runs):
                 if error:
                     print(f"{run.id}: {error}", file=sys.stderr)

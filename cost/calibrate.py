@@ -255,11 +255,16 @@ def run_eager(args) -> int:
                         after <= before * 1.001)
 
 
+def profile_file(hw: HardwareProfile) -> tuple[Path, dict]:
+    """The file `hw` was read from (the bundled one, else its own path) and its JSON as written."""
+    source = profiles_dir() / f"{hw.key}.json"
+    return source, json.loads(source.read_text()) if source.is_file() else json.loads(Path(hw.path).read_text())
+
+
 def write_result(hw: HardwareProfile, section: str, value: dict, args, comparison: str, better: bool) -> int:
     """Write the profile with `section` replaced to --output (a new file by default); replace the bundled
     profile only with --write-profile, and only when the fit beats the current one on the same data."""
-    source = profiles_dir() / f"{hw.key}.json"
-    data = json.loads(source.read_text()) if source.is_file() else json.loads(Path(hw.path).read_text())
+    source, data = profile_file(hw)
     if section == "efficiency":
         data["efficiency"] = value
     else:

@@ -292,7 +292,7 @@ def run_engine(args) -> int:
     from tracer.cli_io import dumps_strict
     import sys
 
-    from .calibrate import write_result
+    from .calibrate import profile_file, write_result
     from .engines import ENGINES
     from .kernel_db import load_tables, without_impossible_rows
     from .profile import ProfileError, load_profile
@@ -347,7 +347,7 @@ def run_engine(args) -> int:
         if current is not None else float("inf")
     comparison = (f"held-out median error {'none' if current is None else f'{before * 100:.1f}%'} -> "
                   f"{after * 100:.1f}%")
-    value, written = cal.to_json(), _engine_section(hw, args.engine)
+    value, written = cal.to_json(), profile_file(hw)[1].get("engines", {}).get(args.engine, {})
     if version:     # the release's sections beside the newest fit, which stays as it is
         fitted = {s: value[s] for s in sorted({o.split("/")[0] for o in only}) if s in value}
         value = {**written, "releases": {**written.get("releases", {}), release_series(version): {
@@ -356,11 +356,3 @@ def run_engine(args) -> int:
     elif "releases" in written:     # a refit of the newest tables keeps the older releases' fits
         value["releases"] = written["releases"]
     return write_result(hw, args.engine, value, args, comparison, after <= before * 1.001)
-
-
-def _engine_section(hw, engine: str) -> dict:
-    """The profile file's `engines.<engine>` section as it is written."""
-    import json
-    from .profile import profiles_dir
-    source = profiles_dir() / f"{hw.key}.json"
-    return json.loads(source.read_text()).get("engines", {}).get(engine, {})

@@ -82,11 +82,11 @@ class EngineCalibration:
         values = {name: getattr(older, name) for name in SECTIONS
                   if getattr(older, name) not in (None, {})}
         label = ", ".join(values)
-        own = {key: value for key, value in {**self.inherited, **self.carried}.items()
-               if key.split(".")[0] not in values}
-        result = EngineCalibration(**{**self.__dict__, **values, "releases": {},
-                                    "inherited": {k: v for k, v in self.inherited.items() if k in own},
-                                    "carried": {k: v for k, v in self.carried.items() if k in own},
+
+        def outside(notes: dict) -> dict:     # the inherited / carried notes of the sections it keeps
+            return {key: value for key, value in notes.items() if key.split(".")[0] not in values}
+        result = EngineCalibration(**{**self.__dict__, **values, "releases": {}, "inherited": outside(self.inherited),
+                                    "carried": outside(self.carried),
                                     "origin": f"{self.origin}; its {label} kernels as release {older.release} ran "
                                               f"them ({older.origin})",
                                     "release": f"{older.release} ({label}), {self.release}"})
