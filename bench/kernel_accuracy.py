@@ -26,6 +26,7 @@ from cli.common import run_main  # noqa: E402
 from cost.calibrate_engine import SYSTEM_PROFILES, calibrate, split, system_list  # noqa: E402
 from cost.engines import DEFAULT_ENGINE, ENGINES  # noqa: E402
 from cost.kernel_db import load_tables, table_systems, without_impossible_rows  # noqa: E402
+from cost.engine_kernels.moe_runners import moe_key  # noqa: E402
 from cost.kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow, group_rows, price_group  # noqa: E402
 from cost.kernels import attention_time, experts_time, gemm_time  # noqa: E402
 from cost.parallel import all_reduce_seconds  # noqa: E402
@@ -84,8 +85,8 @@ def kind(name: str, row) -> str:
         return f"gemm {row.dtype}"
     if isinstance(row, AttentionRow):
         return f"{row.phase} attention kv {row.kv_dtype}" + (" window" if row.window else "")
-    if isinstance(row, MoeRow):
-        return f"moe {row.dtype}"
+    if isinstance(row, MoeRow):     # each runner apart (moe_runners.py): "moe nvfp4_min_latency"
+        return f"moe {moe_key(row.dtype, row.runner)}"
     return f"allreduce {row.impl} x{row.gpus}"
 
 

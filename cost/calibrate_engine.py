@@ -7,6 +7,7 @@ physical range. The other half is never seen by the fit: `bench/kernel_accuracy.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -133,8 +134,14 @@ def calibrate(tables: dict[str, KernelTable], hw: HardwareProfile, engine: str, 
         say(f"quant: {keep.sum()} rows")
     else:
         quant = base.quant if base and base.quant else StreamParams()
-    # the fused norm / activation kernels are streaming kernels like the quantization one
-    cal = replace(cal, quant=quant, elementwise=replace(quant, row_ns=0.0))
+    if "quant" in tables or base is None:
+        # the fused norm / activation kernels are streaming kernels like the quantization one
+        elementwise = replace(quant, row_ns=0.0)
+    else:
+        # kept as the base has it; one it takes from another engine's fit (B200's TensorRT-LLM: its quantize tables
+        # time a chain of torch ops) stays there: written back, it would read as this fit's
+        elementwise = None if "elementwise" in base.inherited else base.elementwise
+    cal = replace(cal, quant=quant, elementwise=elementwise)
 
     keep = base if (only is not None and base is not None) else None
     # a format the base takes from another fit (its profile's `carried`, or this device's default engine) stays
@@ -205,6 +212,24 @@ def _free_params(text: str | None, only: set[str] | None, sibling) -> frozenset 
         raise ValueError(f"--params: '{missing[0] if missing else text}' is no fitted parameter of "
                          f"{', '.join(sorted(sections))} (they are: {', '.join(sorted(known))})")
     return names
+
+
+def _measured_models(value: dict, tables: dict[str, KernelTable], engine: str, sections: set[str]) -> dict:
+    """Of `sections` of a fit's JSON, the kernel models its tables hold rows of: a release's section keeps none of
+    the newest fit's others (its block-fp8 MoE where the release's tables time no block-fp8)."""
+    measured: dict[str, set] = {}
+    for name, t in tables.items():
+        if name != "quant":
+            for key in group_rows(t.rows, engine):
+                measured.setdefault("moe" if key[0] == "moe" else _section(key), set()).add(key[-1])
+    out = {}
+    for section in sorted(sections & set(value)):
+        models = value[section]
+        if isinstance(models, dict) and section in ("gemm", "moe", "prefill_attention", "decode_attention"):
+            models = {k: v for k, v in models.items() if k in measured.get(section, ())}
+        if models:
+            out[section] = models
+    return out
 
 
 def _section(key: tuple) -> str:
@@ -336,6 +361,8 @@ def run_engine(args) -> int:
     if only is not None and current is None:
         raise ValueError("--only refits some tables of an existing calibration; this profile has none for "
                          f"{args.engine}")
+    if only is not None:    # what the profile's origin says beyond its tables (a section it takes elsewhere) holds
+        origin += re.sub(r"^.*?fit fraction [\d.]+\)", "", current.origin, count=1)
     cal = calibrate(tables, hw, args.engine, origin, args.seed, args.fit_fraction, base=current,
                     progress=lambda m: print(f"fitted {m}", file=sys.stderr, flush=True), only=only,
                     release="/".join(versions), sibling=sibling, params=params)
@@ -349,7 +376,7 @@ def run_engine(args) -> int:
                   f"{after * 100:.1f}%")
     value, written = cal.to_json(), profile_file(hw)[1].get("engines", {}).get(args.engine, {})
     if version:     # the release's sections beside the newest fit, which stays as it is
-        fitted = {s: value[s] for s in sorted({o.split("/")[0] for o in only}) if s in value}
+        fitted = _measured_models(value, tables, args.engine, {o.split("/")[0] for o in only})
         value = {**written, "releases": {**written.get("releases", {}), release_series(version): {
             "origin": origin, "release": version, **fitted}}}
         comparison += f" (release {version}'s tables, against the newest fit)"

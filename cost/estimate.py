@@ -239,8 +239,10 @@ def estimate(trace: Trace, hw: HardwareProfile, execution: str = ENGINE, par: Pa
     else:
         cal = hw.engine(engine)
         dispatch = par.ep > 1 and par.ep_style == EP_DISPATCH
+        tp_allreduce = par.tp > 1 and par.attention_dp == 1
         formats = [op_format(k.op, engine, hw, trace.options.dtype, tuple(cal.moe), tuple(cal.gemm),
-                             trace.architecture, dispatch) if k.op_class == GEMM else None for k in kernels]
+                             trace.architecture, dispatch, k.moe.tokens if k.moe else None, tp_allreduce)
+                   if k.op_class == GEMM else None for k in kernels]
         priced = [PricedKernel(k, _cached_engine_price(k, hw, cal, f, trace.kv_element_size, mixed_step))
                   for k, f in zip(kernels, formats)]
         notes += formats_note(kernels, formats, engine, hw)

@@ -127,11 +127,12 @@ def _kernel_bytes(kernel: str) -> float:
 
 def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
               moe_models: tuple[str, ...] = (), gemm_models: tuple[str, ...] = (), architecture: str = "",
-              all_to_all: bool = False) -> RunFormat:
+              all_to_all: bool = False, moe_tokens: float | None = None, tp_allreduce: bool = False) -> RunFormat:
     """A GEMM kernel's format. A GEMM of two activations or of a buffer (attention scores, a rotary table) has
     no weight to quantize: bf16. A weight GEMM without a recorded format (an op built by hand) takes `default`.
     Routed experts take the MoE runner the engine picks for the model's `architecture` on this device (without a
-    dispatch-style `all_to_all`)."""
+    dispatch-style `all_to_all`), for a call of `moe_tokens` tokens a rank and the layout (`tp_allreduce`:
+    tensor-parallel, no attention DP) in the release the device's kernels are priced at."""
     reads_weights = op is not None and (op.experts is not None or op.weight_operand == "param"
                                         or (op.weight_operand is None and op.weight_bytes > 0))
     if not reads_weights:
@@ -141,7 +142,8 @@ def op_format(op: Op | None, engine: str, hw: HardwareProfile, default: str,
                    moe=op.experts is not None, moe_models=moe_models, gemm_models=gemm_models)
     if op.experts is None or f.how == WEIGHT_ONLY:
         return f
-    choice = model_runner(engine, hw.key, architecture, f.kernel, all_to_all)
+    choice = model_runner(engine, hw.key, architecture, f.kernel, all_to_all, moe_tokens, tp_allreduce,
+                          hw.kernel_release)
     return f if choice is None else replace(f, runner=choice,
                                             runner_fitted=moe_key(f.kernel, choice.runner) in moe_models)
 
@@ -183,8 +185,9 @@ def formats_note(kernels, formats: list[RunFormat], engine: str, hw: HardwarePro
         priced = (f"priced with that runner's own kernel model (moe.{f.model})" if f.runner_fitted else
                   f"{hw.name} has no kernel model of that runner, so it is priced with the default runner's "
                   f"(moe.{f.kernel}), which can be 2x off at large token counts")
+        when = f" {f.runner.when}" if f.runner.when else ""
         notes.append(f"formats: routed experts run on {f.runner.label}, which it picks for "
-                     f"{f.runner.architecture} on {hw.name} ({f.runner.source_file}); {priced}")
+                     f"{f.runner.architecture} on {hw.name}{when} ({f.runner.source_file}); {priced}")
     for fmt, f in weight_only.items():
         lacks = f", which has no {KERNELS[fmt][2]} matrix units" if KERNELS[fmt][2] else ""
         if f.unfitted_native:

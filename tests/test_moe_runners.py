@@ -11,7 +11,7 @@ from cost.kernel_rows import MoeRow, RowError, group_key, parse_row, price_rows_
 from cost import profile as profile_module
 from cost.profile import load_profile
 from tracer.trace import trace
-from tracer.work import Request
+from tracer.work import Request, TraceOptions
 
 QWEN3_MOE, MIXTRAL, NEMOTRON_H = "Qwen3MoeForCausalLM", "MixtralForCausalLM", "NemotronHForCausalLM"
 
@@ -91,3 +91,55 @@ def test_a_step_runs_the_experts_on_the_engines_runner_and_says_so(monkeypatch):
 def test_the_trace_records_the_configs_architecture():
     assert trace("qwen3-30b-a3b", Request(1, 1, 0)).architecture == QWEN3_MOE
     assert trace("mixtral-8x7b", Request(1, 1, 0)).architecture == MIXTRAL
+
+
+DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
+
+
+def test_trtllm_tables_split_the_cutlass_moe_into_its_default_and_min_latency_flows():
+    # the longest source naming the kernel wins: "moe_torch_flow" is also in "moe_torch_flow_min_latency"
+    assert table_runner("trtllm", "nvfp4", "moe_torch_flow_min_latency") == "min_latency"
+    assert table_runner("trtllm", "nvfp4", "moe_torch_flow_cutlass") == ""       # the default flow
+    assert table_runner("trtllm", "nvfp4", "moe_torch_flow") == ""
+    assert table_runner("trtllm", "fp8", "moe_torch_flow_min_latency") == ""      # only nvfp4 splits
+
+
+def test_trtllm_takes_the_min_latency_flow_only_for_small_fused_tensor_parallel_steps_before_0_21():
+    def runner(device="b200", arch=DEEPSEEK_V3, fmt="nvfp4", tokens=4, tp_allreduce=True, release="0.20"):
+        choice = model_runner("trtllm", device, arch, fmt, False, tokens, tp_allreduce, release)
+        return choice.runner if choice else None
+
+    assert runner() == "min_latency" and runner(tokens=128) == "min_latency" and runner(release="0.18") == "min_latency"
+    assert runner(device="gb200", release="0.20.0rc3") == "min_latency"
+    assert runner(tokens=129) is None                 # past 128 tokens: the default flow
+    assert runner(tokens=None) is None                # a step of unknown size meets no bound
+    assert runner(tp_allreduce=False) is None         # attention DP (or one GPU): no fused allreduce
+    assert runner(release="1.0") is None and runner(release="") is None   # removed before 1.0; "": the newest
+    assert runner(device="h200") is None and runner(fmt="fp8") is None
+    assert runner(arch=QWEN3_MOE) is None
+    choice = model_runner("trtllm", "b200", DEEPSEEK_V3, "nvfp4", False, 4, True, "0.20")
+    assert "128 tokens a step or fewer" in choice.when and "before 0.21" in choice.when
+    assert "modeling_deepseekv3.py" in choice.source_file
+
+
+def test_a_small_tensor_parallel_deepseek_step_on_b200_prices_trtllm_0_20s_min_latency_flow():
+    """B200's TensorRT-LLM tables time the two flows apart; a 0.20 step of 4 tokens runs the min-latency one (about
+    half the default flow's time at DeepSeek-V3's MoE TP4 x EP2 shape), a step past 128 tokens, attention DP or the
+    newest release the default one."""
+    options = TraceOptions(dtype="fp4")
+    hw = load_profile("b200")
+    assert {"nvfp4", "nvfp4_min_latency"} <= set(hw.engine("trtllm").moe)
+
+    def moe_ms(tokens, release="0.20", par=Parallelism(8, ep=2)):
+        e = estimate(trace("deepseek-v3", Request(tokens, 1, 2048), options), hw.at_engine_release(release),
+                     engine="trtllm", par=par)
+        moe = sum(pk.total_seconds for pk in e.kernels if pk.kernel.moe is not None) * 1e3
+        return moe, e.notes
+
+    small, notes = moe_ms(4)
+    assert any("min_latency MoE runner" in n and "128 tokens a step or fewer" in n for n in notes), notes
+    newest, newest_notes = moe_ms(4, release="")
+    assert not any("MoE runner" in n for n in newest_notes)
+    assert newest > 1.4 * small
+    assert not any("MoE runner" in n for n in moe_ms(256)[1])
+    assert not any("MoE runner" in n for n in moe_ms(4, par=Parallelism(1, ep=8, attention_dp=8))[1])

@@ -42,10 +42,10 @@ def test_a_release_prices_the_moe_kernels_its_own_tables_measured():
     assert older.moe != newest.moe and older.gemm == newest.gemm and older.decode_attention == newest.decode_attention
     assert "1.0.0rc6" in older.origin and "1.0.0rc6" in older.release
     assert not any(k.startswith("moe") for k in older.inherited)     # its MoE is its own fit, not vLLM's
-    # TensorRT-LLM 1.0's fused nvfp4 MoE at Qwen3-235B's expert shape on one B200: 0.49 ms for 1024 tokens in its
-    # tables (1.3's: 0.25); the newest fit B200 has for TensorRT-LLM's MoE is vLLM's, which 1.0 ran slower too
-    row = parse_row({"op": "moe", "tokens": 1024, "hidden": 4096, "inter": 1536, "experts": 128, "top_k": 8,
-                     "tp": 1, "ep": 1, "dtype": "nvfp4"}, 1)
+    # TensorRT-LLM 1.0's fused bf16 MoE at Qwen3-235B's expert shape on one B200: 2.93 ms for 8192 tokens in its
+    # tables, 1.3.0rc20's CUTLASS flow 2.22
+    row = parse_row({"op": "moe", "tokens": 8192, "hidden": 4096, "inter": 1536, "experts": 128, "top_k": 8,
+                     "tp": 1, "ep": 1, "dtype": "bf16"}, 1)
     assert price_rows(older, hw, [row])[0] > 1.2 * price_rows(newest, hw, [row])[0]
     # a release with no tables of its own, or the newest, prices with the newest fit
     for release in ("1.2", "0.17", None):

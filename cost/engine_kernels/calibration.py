@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .attention import DecodeAttentionParams, PrefillAttentionParams
 from .collective import IMPLEMENTATIONS, CollectiveCurve
+from .common import release_series
 from .gemm import GemmParams
 from .moe import MoeParams
 from .moe_runners import moe_key, runners
@@ -156,12 +157,6 @@ class EngineCalibration:
         if self.releases:
             out["releases"] = {key: cal.to_json() for key, cal in sorted(self.releases.items())}
         return out
-
-
-def release_series(release: str) -> str:
-    """major.minor of a release or collector version ("1.0.0rc6" -> "1.0")."""
-    parts = re.findall(r"\d+", release)
-    return ".".join(parts[:2]) if len(parts) >= 2 else release
 
 
 def _keyed(data, where: str, allowed: tuple[str, ...], cls: type[ParamSet]) -> dict:

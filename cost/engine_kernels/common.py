@@ -2,6 +2,7 @@
 calibration prices a whole table at once) and equally on single calls (a model step)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,3 +29,9 @@ def soft_max(a, b, p):
 
 def arrays(*values):
     return [np.asarray(v, dtype=float) for v in values]
+
+
+def release_series(release: str) -> str:
+    """major.minor of a release or collector version ("1.0.0rc6" -> "1.0")."""
+    parts = re.findall(r"\d+", release)
+    return ".".join(parts[:2]) if len(parts) >= 2 else release

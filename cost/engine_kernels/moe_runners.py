@@ -7,6 +7,10 @@ one format differ by up to 2-3x at large token counts (AIConfigurator 0.12's GB2
 the Qwen3 shapes on flashinfer_trtllm, ~400 for Mixtral's and Llama 4's on Triton), so each runner has its own
 kernel model: the calibration's `moe.<format>` prices the engine's default runner, `moe.<format>_<runner>` another
 one. Every rule holds only without an all-to-all backend (dispatch-style expert parallelism), as in the engine.
+
+A rule may also hold only for a step's size and layout: TensorRT-LLM through 0.20 ran DeepSeek-V3's nvfp4 experts on
+the CUTLASS MoE's min-latency flow at 128 tokens a step or fewer, with the MoE's allreduce fused into the layer
+(`max_tokens`, `tp_allreduce`, `before_release`).
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+
+from .common import release_series
 
 DATA = "moe_runners.json"
 
@@ -54,10 +60,12 @@ def table_runner(engine: str, fmt: str, kernel_source: str) -> str:
     entry = _data().get(engine)
     if not entry or fmt not in entry["formats"]:
         return ""
-    for source, runner in entry["table_sources"].items():
-        if source in kernel_source:
-            return "" if runner == entry["default"] else runner
-    return ""
+    # the longest source that names the row's kernel ("moe_torch_flow" is also in "moe_torch_flow_min_latency")
+    named = [source for source in entry["table_sources"] if source in kernel_source]
+    if not named:
+        return ""
+    runner = entry["table_sources"][max(named, key=len)]
+    return "" if runner == entry["default"] else runner
 
 
 @dataclass(frozen=True)
@@ -66,23 +74,54 @@ class RunnerChoice:
     label: str        # what the notes call it: "SGLang 0.5.14's flashinfer_trtllm MoE runner"
     source: str       # the engine source of the rule
     architecture: str
+    when: str = ""    # the step sizes and layouts it holds for, where the rule has any
 
     @property
     def source_file(self) -> str:
         return self.source.split(" ", 1)[0]
 
 
-def model_runner(engine: str, profile_key: str, architecture: str, fmt: str,
-                 all_to_all: bool = False) -> RunnerChoice | None:
+def _older(release: str, than: str) -> bool:
+    """Whether `release` (major.minor or a full version; "" is the newest) comes before `than`."""
+    if not release:
+        return False
+    number = lambda r: tuple(int(x) for x in release_series(r).split(".") if x.isdigit())
+    return number(release) < number(than)
+
+
+def _holds(rule: dict, tokens: float | None, tp_allreduce: bool, release: str) -> bool:
+    """A rule's step and layout conditions; a step of unknown size (None) meets no token bound."""
+    if "max_tokens" in rule and (tokens is None or tokens > rule["max_tokens"]):
+        return False
+    if rule.get("tp_allreduce") and not tp_allreduce:
+        return False
+    return "before_release" not in rule or _older(release, rule["before_release"])
+
+
+def _when(rule: dict) -> str:
+    parts = []
+    if "max_tokens" in rule:
+        parts.append(f"at {rule['max_tokens']} tokens a step or fewer")
+    if rule.get("tp_allreduce"):
+        parts.append("with the MoE's tensor-parallel allreduce fused into the layer (no attention DP)")
+    if "before_release" in rule:
+        parts.append(f"in releases before {rule['before_release']}")
+    return ", ".join(parts)
+
+
+def model_runner(engine: str, profile_key: str, architecture: str, fmt: str, all_to_all: bool = False,
+                 tokens: float | None = None, tp_allreduce: bool = False, release: str = "") -> RunnerChoice | None:
     """The runner the engine's default launch takes for a model's routed experts in `fmt` on a device; None where
-    it runs its default one (or tracecost has no rules for the engine)."""
+    it runs its default one (or tracecost has no rules for the engine). `tokens`: the tokens one call of the layer
+    runs on a rank (None: not known); `tp_allreduce`: its output is reduced across tensor-parallel ranks (tensor
+    parallelism without attention DP); `release`: the engine release priced ("": the newest)."""
     entry = _data().get(engine)
     if not entry or all_to_all or not architecture:
         return None
     for rule in entry["rules"]:
         devices = rule["devices"]
         if architecture in rule["architectures"] and fmt in rule["formats"] and \
-                (devices == "*" or profile_key in devices):
+                (devices == "*" or profile_key in devices) and _holds(rule, tokens, tp_allreduce, release):
             return RunnerChoice(rule["runner"], f"{entry['label']} {entry['release']}'s {rule['runner']} MoE runner",
-                                rule["source"], architecture)
+                                rule["source"], architecture, _when(rule))
     return None
