@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from cost.engine_kernels.calibration import release_series
+from cost.engine_kernels.common import release_series
 from cost.engines import DEFAULT_ENGINE, ENGINES, engine_releases, parse_engine
 from cost.execution import ENGINE, EP_ALL_TOKENS, EP_STYLES, EXECUTIONS
 from cost.layout_checks import Layout, LayoutError, LayoutReport, ModelFacts, check_layout

@@ -14,7 +14,8 @@ import numpy as np
 
 from .engine_kernels import (CollectiveCurve, DecodeAttentionParams, EngineCalibration, GemmParams, MoeParams,
                              PrefillAttentionParams, StreamParams, quant_time)
-from .engine_kernels.calibration import ATTENTION_BACKENDS, release_series
+from .engine_kernels.calibration import ATTENTION_BACKENDS
+from .engine_kernels.common import release_series
 from .engine_kernels.moe_runners import key_format
 from .kernel_db import COLLECTORS, Collector, KernelTable
 from .kernel_rows import group_rows, price_group
@@ -221,7 +222,7 @@ def _measured_models(value: dict, tables: dict[str, KernelTable], engine: str, s
     for name, t in tables.items():
         if name != "quant":
             for key in group_rows(t.rows, engine):
-                measured.setdefault("moe" if key[0] == "moe" else _section(key), set()).add(key[-1])
+                measured.setdefault(_section(key), set()).add(key[-1])
     out = {}
     for section in sorted(sections & set(value)):
         models = value[section]

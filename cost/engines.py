@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from .engine_kernels.common import release_key
 from .engine_kernels.params import ParamSet, param
 
 
@@ -224,11 +225,6 @@ class ServingOverheads(ParamSet):
 @lru_cache(maxsize=1)
 def _overheads_data() -> dict:
     return json.loads((resources.files("cost") / "engine_serving.json").read_text())
-
-
-def release_key(release: str) -> tuple:
-    """Order releases by their numbers ("0.9" < "0.17" < "1.2.0rc1")."""
-    return tuple(int(x) for x in re.findall(r"\d+", release)) or (0,)
 
 
 def parse_engine(text: str) -> tuple[str, str | None]:

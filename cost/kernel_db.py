@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .engine_kernels.calibration import release_series
+from .engine_kernels.common import release_series
 from .engine_kernels.moe_runners import table_runner
 from .kernel_rows import AllreduceRow, AttentionRow, GemmRow, MoeRow
 
@@ -350,7 +350,7 @@ def _quant(static, dynamic_extra) -> tuple[list, list]:
 
 
 def _shape(row: MoeRow) -> tuple:
-    return row.dtype, row.hidden, row.inter, row.experts, row.top_k
+    return row.dtype, row.runner, row.hidden, row.inter, row.experts, row.top_k
 
 
 def add_moe(files: list[str], store: _Store, collector: Collector, system: str, add, engine: str = "") -> None:

@@ -31,6 +31,11 @@ def arrays(*values):
     return [np.asarray(v, dtype=float) for v in values]
 
 
+def release_key(release: str) -> tuple:
+    """Order releases by their numbers ("0.9" < "0.17" < "1.2.0rc1")."""
+    return tuple(int(x) for x in re.findall(r"\d+", release)) or (0,)
+
+
 def release_series(release: str) -> str:
     """major.minor of a release or collector version ("1.0.0rc6" -> "1.0")."""
     parts = re.findall(r"\d+", release)

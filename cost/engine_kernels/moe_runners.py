@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from .common import release_series
+from .common import release_key
 
 DATA = "moe_runners.json"
 
@@ -81,21 +81,15 @@ class RunnerChoice:
         return self.source.split(" ", 1)[0]
 
 
-def _older(release: str, than: str) -> bool:
-    """Whether `release` (major.minor or a full version; "" is the newest) comes before `than`."""
-    if not release:
-        return False
-    number = lambda r: tuple(int(x) for x in release_series(r).split(".") if x.isdigit())
-    return number(release) < number(than)
-
-
 def _holds(rule: dict, tokens: float | None, tp_allreduce: bool, release: str) -> bool:
     """A rule's step and layout conditions; a step of unknown size (None) meets no token bound."""
     if "max_tokens" in rule and (tokens is None or tokens > rule["max_tokens"]):
         return False
     if rule.get("tp_allreduce") and not tp_allreduce:
         return False
-    return "before_release" not in rule or _older(release, rule["before_release"])
+    if "before_release" not in rule:
+        return True
+    return bool(release) and release_key(release) < release_key(rule["before_release"])   # "": the newest
 
 
 def _when(rule: dict) -> str:
