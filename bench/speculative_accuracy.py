@@ -8,7 +8,9 @@ bench/data/speculative_published.jsonl, each with its source. Each is predicted 
 acceptance the run states, else the one a closed loop's stream shows (its mean ITL over its mean TPOT: one streamed
 chunk a step, serving/published_rows.py stream_acceptance), else the method's published default
 (serving/data/speculative.json). The same run without speculation is shown beside it, and the rows whose acceptance
-came from their stream are also scored at the method's default, what a user without it would be told.
+came from their stream are also scored at the method's default, what a user without it would be told. vLLM PR
+#24322's sweep also ran without speculation at each concurrency: those runs are predicted too, and the sweep's
+speedups over them are shown measured against predicted.
 
 Then the crossover SpecDecode-Bench states (arXiv 2601.11580, Tree vs. Chain Verification; SGLang 0.5.9, EAGLE on
 Qwen3-8B, GSM8K, one H100): with the acceptance lengths it reports, the speedup of output tokens/s at a fixed decode
@@ -92,21 +94,68 @@ def summary(rows: list[dict]) -> list[list[str]]:
     return out
 
 
-def pr24322_sweep(rows: list[dict]) -> list[list[str]]:
-    """The k x users grid of vLLM PR #24322's runs: output tok/s error (TPOT error) per cell."""
-    cells: dict[tuple, dict] = {}
+PR24322_CELL = re.compile(r"vllm_pr24322-.*-(draft-1b|eagle3)-k(\d+)-c(\d+)$")
+PR24322_BASELINE = re.compile(r"vllm_pr24322-.*-nospec-c(\d+)$")
+
+
+def _sweep_cells(rows: list[dict]) -> dict[tuple, dict]:
+    """vLLM PR #24322's speculative rows by (method, users, k)."""
+    cells = {}
     for r in rows:
-        m = re.search(r"vllm_pr24322-.*-(draft-1b|eagle3)-k(\d+)-c(\d+)$", r["id"])
+        m = PR24322_CELL.search(r["id"])
         if m:
-            cells[(m.group(1), int(m.group(3)), int(m.group(2)))] = r["error"]
+            cells[(m.group(1), int(m.group(3)), int(m.group(2)))] = r
+    return cells
+
+
+def _sweep_grid(cells: dict[tuple, dict], cell) -> list[list[str]]:
     out = []
     for method, users in sorted({(m, u) for m, u, _ in cells}):
         line = ["draft: Llama-3.2-1B" if method == "draft-1b" else "EAGLE-3", str(users)]
-        for k in PR24322_K:
-            e = cells.get((method, users, k))
-            line.append(f"{e['output_tok_s']:+.0%} ({e['tpot_ms']:+.0%})" if e else "-")
+        line += [cell(cells[(method, users, k)], users) if (method, users, k) in cells else "-" for k in PR24322_K]
         out.append(line)
     return out
+
+
+def pr24322_sweep(rows: list[dict]) -> list[list[str]]:
+    """The k x users grid of vLLM PR #24322's runs: output tok/s error (TPOT error) per cell."""
+    return _sweep_grid(_sweep_cells(rows), lambda r, _: f"{r['error']['output_tok_s']:+.0%} "
+                                                        f"({r['error']['tpot_ms']:+.0%})")
+
+
+def pr24322_speedups(rows: list[dict], baselines: dict[int, dict]) -> list[list[str]]:
+    """The same grid as speedups of output tok/s over the sweep's own runs without speculation at the same users:
+    measured / predicted (the prediction divides by the prediction of that plain run)."""
+    def cell(r: dict, users: int) -> str:
+        b = baselines.get(users)
+        if b is None:
+            return "-"
+        measured = r["measured"]["output_tok_s"] / b["measured"]["output_tok_s"]
+        return f"{measured:.2f} / {r['predicted']['output_tok_s'] / b['predicted']['output_tok_s']:.2f}"
+    return _sweep_grid(_sweep_cells(rows), cell)
+
+
+def speedup_errors(rows: list[dict], baselines: dict[int, dict]) -> list[float]:
+    """Predicted over measured speedup, less one, for every cell of the sweep with a baseline."""
+    out = []
+    for (_, users, _), r in sorted(_sweep_cells(rows).items()):
+        b = baselines.get(users)
+        if b is not None:
+            measured = r["measured"]["output_tok_s"] / b["measured"]["output_tok_s"]
+            out.append(r["predicted"]["output_tok_s"] / b["predicted"]["output_tok_s"] / measured - 1)
+    return out
+
+
+def baseline_rows(runs, predictor) -> dict[int, dict]:
+    """vLLM PR #24322's runs without speculation (its sweep's baseline), by users, each predicted."""
+    out = {}
+    for run in runs:
+        m = PR24322_BASELINE.search(run.id)
+        if m and run.speculation is None:
+            pred, _ = predictor.predict(run)
+            out[int(m.group(1))] = {"id": run.id, "measured": run.measured, "predicted": pred,
+                                    "error": _errors(run, pred)}
+    return dict(sorted(out.items()))
 
 
 def main(argv=None) -> int:
@@ -115,9 +164,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     runs, skipped = load_published(*args.data)
+    predictor, out = Predictor(), []
+    baselines = baseline_rows(runs, predictor)
     runs = [r for r in runs if r.speculation is not None]
     refused = [(i, why) for i, why in skipped if any(w in why for w in ("tree drafts", "speculative"))]
-    predictor, out = Predictor(), []
     for run in runs:
         pred, _ = predictor.predict(run)
         plain, _ = predictor.predict(replace(run, speculation=None))
@@ -132,7 +182,7 @@ def main(argv=None) -> int:
         out.append(row)
     cross = crossover()
     if args.json:
-        print(json.dumps({"rows": out, "refused": refused, "crossover": cross}, indent=1))
+        print(json.dumps({"rows": out, "refused": refused, "baselines": baselines, "crossover": cross}, indent=1))
         return 0
     table = []
     for r in out:
@@ -160,6 +210,22 @@ def main(argv=None) -> int:
         print(format_table(["setup", "users"] + [f"k={k}" for k in PR24322_K], sweep,
                            title="vLLM PR #24322's sweep (Llama-3.3-70B on 2 x H100 PCIe): output tok/s error "
                                  "(TPOT error)"))
+        print()
+    if baselines:
+        print(format_table(["users", "TPOT ms", "pred", "error", "tok/s", "pred", "error", "TTFT error"],
+                           [[str(u), f"{b['measured']['tpot_ms']:.2f}", f"{b['predicted']['tpot_ms']:.2f}",
+                             f"{b['error']['tpot_ms']:+.1%}", f"{b['measured']['output_tok_s']:,.0f}",
+                             f"{b['predicted']['output_tok_s']:,.0f}", f"{b['error']['output_tok_s']:+.1%}",
+                             f"{b['error']['ttft_ms']:+.1%}"] for u, b in baselines.items()],
+                           title="The same sweep without speculation (its baseline runs)"))
+        print()
+        print(format_table(["setup", "users"] + [f"k={k}" for k in PR24322_K], pr24322_speedups(out, baselines),
+                           title="The sweep's speedup of output tok/s over its runs without speculation: measured / "
+                                 "predicted"))
+        errors = speedup_errors(out, baselines)
+        if errors:
+            print(f"speedup, predicted against measured: median abs error {statistics.median(map(abs, errors)):.1%} "
+                  f"over {len(errors)} cells ({min(errors):+.0%} to {max(errors):+.0%})")
         print()
     print(format_table(["SpecDecode-Bench setup", "accept len"] + [f"batch {b}" for b in CROSSOVER_BATCHES],
                        [[r["setup"], f"{r['acceptance_length']:g}"]

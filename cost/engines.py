@@ -56,6 +56,21 @@ class MlaPrefill:
 
 
 @dataclass(frozen=True)
+class AsyncScheduling:
+    """A scheduler that prepares step N + 1 on the host while the GPU runs step N (vLLM's async scheduling): the
+    host work of a step (ServingOverheads.step_us, seq_us and stream_us) runs under the GPU's step and costs only
+    what exceeds it. The overheads of the releases before `since` were fitted with that work in series.
+    `since`: the first release that schedules so by default; `off_for`: the speculative methods (tracecost's names)
+    with which it does not; pipeline parallelism turns it off too."""
+    since: str
+    off_for: tuple[str, ...]
+    source: str
+
+    def runs(self, release: str, pp: int = 1, method: str | None = None) -> bool:
+        return release_key(release) >= release_key(self.since) and pp == 1 and method not in self.off_for
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     label: str
@@ -85,6 +100,8 @@ class Engine:
     # chunked local attention (Llama-4) runs by chunks, each query over its own chunk's keys; False: the engine's
     # kernels run such a layer as full causal attention, or tracecost does not know that they do not
     runs_attention_chunks: bool = False
+    # the scheduler overlaps its host work with the GPU's step from this release on; None: never by default
+    async_scheduling: AsyncScheduling | None = None
 
     def decode_kernel(self, group: float, kv_shares_storage: bool = False) -> str:
         """'mha' where the engine runs a query-head group's decode on its multi-head kernel, else ''. MLA's absorbed
@@ -139,7 +156,14 @@ ENGINES: dict[str, Engine] = {
                    one_token_query_decodes=True, runs_attention_chunks=True,
                    mla_prefill=MlaPrefill("vllm/v1/attention/backends/mla/common.py: prefills run flash_attn_varlen "
                                           "over K and V up-projected by kv_b_proj (the cached context chunk by chunk, "
-                                          "_compute_prefill_context); decodes the absorbed kernel (FlashMLA)")),
+                                          "_compute_prefill_context); decodes the absorbed kernel (FlashMLA)"),
+                   async_scheduling=AsyncScheduling(
+                       "0.14", ("draft", "ngram"),
+                       "vLLM 0.14.0 release notes: 'Async scheduling is now enabled by default' (pull request #27614; "
+                       "with EAGLE and MTP drafts too, #31998), excluding pipeline parallelism and the other "
+                       "speculative methods; the vLLM PR #24322 serve logs (tomasruizt/vllm-scripts @d94d714) print "
+                       "'Asynchronous scheduling is enabled.' without speculation and with EAGLE-3, and 'Async "
+                       "scheduling not supported with draft_model-based speculative decoding and will be disabled.'")),
     "sglang": Engine("sglang", "SGLang", custom_allreduce_max_bytes=8 * 2**20,
                      mla_prefill=MlaPrefill("sglang/srt/models/deepseek_common/attention_backend_handler.py "
                                             "_handle_attention_backend (0.5.14): an extend without speculation whose "

@@ -304,6 +304,8 @@ class Engine:
         now, j = self.clock, 0
         while j < steps:
             attention = cost.decode_attention_from(batch, context // batch + j, steps - j) * scale
+            if cost.async_scheduling:   # the host work hides under each step's kernels, its attention included
+                overhead = cost.beyond_kernels(batch, batch, outside_attention + attention, decode_only=True)
             ends = np.add.accumulate(np.concatenate(([now], outside_attention + attention + overhead)))[1:]
             crossed = int(np.searchsorted(ends, horizon))
             if crossed < len(ends):

@@ -118,11 +118,13 @@ def stated_release(engine: str, version: str | None) -> str | None:
     m = re.search(label + r"(\d+)\.(\d+)", text, re.IGNORECASE) or re.match(r"\s*v?(\d+)\.(\d+)", text)
     if m:
         return f"{int(m.group(1))}.{int(m.group(2))}"
-    if re.search(r"@[0-9a-f]{7,}", text):   # a commit names the engine; the libraries beside it may be stale
-        return None
+    commit = re.search(r"@([0-9a-f]{7,})", text)
+    if commit:   # a commit names the engine (the libraries beside it may be stale): placed where an entry places it
+        return next((b["release"] for b in _engine_builds().get(engine, [])
+                     if b.get("commit") and commit.group(1).startswith(b["commit"])), None)
     # a row that names only the libraries it was built with (serving/data/engine_builds.json)
     return next((b["release"] for b in _engine_builds().get(engine, [])
-                 if re.search(re.escape(b["build"]) + r"(?!\d)", text, re.IGNORECASE)), None)
+                 if b.get("build") and re.search(re.escape(b["build"]) + r"(?!\d)", text, re.IGNORECASE)), None)
 
 
 @lru_cache(maxsize=None)

@@ -36,7 +36,7 @@ from tracer.trace import trace
 from tracer.work import Request
 
 from .capacity import ReplicaMemory, kv_bytes_per_token, weight_bytes_per_gpu
-from .step_cost import StepCost, _lerp
+from .step_cost import StepCost, _lerp, scheduled_ahead
 
 EAGLE3_VOCAB = 32000     # the draft vocabulary of the published EAGLE-3 heads (draft_vocab_size)
 # engines that cap the running batch when they speculate, unless told otherwise: SGLang resets
@@ -338,6 +338,9 @@ class SpeculativeStep:
         self._draft_memory: tuple[float, float] | None = None
         found = serial_host(target.engine) if target.execution == ENGINE else None
         self.serial_host, self._serial_origin = found if found else (None, "")
+        # an engine that schedules ahead of the GPU without speculating, but not with this draft
+        self.host_in_series = target.async_scheduling and not scheduled_ahead(
+            target.engine, target.release, target.par.pp, speculation.method)
 
     def __getattr__(self, name):     # defaults, overhead_origin, stage_factor, ... are the target's
         return getattr(self.target, name)
@@ -363,6 +366,13 @@ class SpeculativeStep:
             notes.append(f"{ENGINES[self.target.engine].label} speculates without its "
                          f"overlap scheduler: {h.step_us:g} us per step and {h.seq_us:g} us per running request of "
                          f"host work run in series with the GPU ({self._serial_origin})")
+        if self.host_in_series:
+            rule = ENGINES[self.target.engine].async_scheduling
+            what = {"draft": "a draft model", "ngram": "n-gram lookup"}.get(self.speculation.method,
+                                                                              f"a {self.speculation.method} draft")
+            notes.append(f"{ENGINES[self.target.engine].label} does not schedule asynchronously when it speculates "
+                         f"with {what}: the scheduler's host work runs in series with the GPU, as without "
+                         f"speculation it does not ({rule.source})")
         t = self.target
         if t.execution == "engine" and not all(p.shares_kv_head_ctas
                                                for p in t.hw.engine(t.engine).prefill_attention.values()):
@@ -419,7 +429,8 @@ class SpeculativeStep:
         return self.target.steady(decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context,
                                   query=self.speculation.verify_tokens,
                                   draft_s=self.draft_seconds(decoding, decode_context, prefill_tokens, chunk_tokens,
-                                                             chunk_context)) + self.serial_host_s(sequences)
+                                                             chunk_context),
+                                  host_in_series=self.host_in_series) + self.serial_host_s(sequences)
 
     def step(self, chunks: list[tuple[int, int]], decode_batch: int, decode_context: int) -> float:
         """The event simulator's step (serving/engine.py): `decode_batch` requests verify their tokens (k + 1, a

@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from cost.engine_pricing import decode_rows_in_prefill
-from cost.engines import ENGINES, ServingOverheads, nearest_release, serving_overheads
+from cost.engines import ENGINES, ServingOverheads, engine_releases, nearest_release, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
 from cost.op_formats import expert_resident, is_formats_note
 from cost.parallel import point_to_point_seconds
@@ -30,6 +30,18 @@ from tracer.work import Request, TraceOptions
 
 from .capacity import ReplicaMemory, replica_memory
 from .derived_trace import attention_work, derive, outside_attention
+
+
+ASYNC_NOTE = ("; scheduled asynchronously: the scheduler's host work per step (step_us, seq_us) runs while the GPU "
+              "computes the step before, and only what exceeds the GPU's step adds to it")
+
+
+def scheduled_ahead(engine: str, release: str | None, pp: int = 1, method: str | None = None) -> bool:
+    """The engine, at `release` (None: the newest with data), schedules each step while the GPU runs the one before
+    (cost/engines.py AsyncScheduling), for a replica of `pp` stages speculating with `method` (None: not)."""
+    rule = ENGINES[engine].async_scheduling
+    release = release or next(reversed(engine_releases(engine)), None)
+    return bool(rule and release and rule.runs(release, pp, method))
 
 
 def step_overheads(hw: HardwareProfile, engine: str, release: str | None = None,
@@ -54,6 +66,7 @@ class StepCost:
     tokens_per_step = 1.0     # tokens a decoding request gains per step (serving/speculative.py: more)
     spare_kv_slots = 0        # KV slots a running request holds beyond its tokens (a speculative step's drafts)
     speculation = None        # a speculative setup (serving/speculative.py SpeculativeStep), None: none
+    async_scheduling = False  # the scheduler's host work runs under the GPU's step (cost/engines.py AsyncScheduling)
 
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, options: TraceOptions, execution: str,
                  par: Parallelism | int, engine: str = "vllm", overheads: ServingOverheads | None = None,
@@ -65,7 +78,7 @@ class StepCost:
             hw = hw.at_engine_release(release)
         self.streams = streams       # every step returns each running request's tokens to its client
         self.spec, self.hw, self.options, self.execution, self.tp = spec, hw, options, execution, self.par.tp
-        self.engine = engine
+        self.engine, self.release = engine, release
         self.defaults = ENGINES[engine].serving_defaults(hw.memory_capacity_gb, hw.name)
         if execution == ENGINE:
             fitted, self.overhead_origin = step_overheads(hw, engine, nearest_release(engine, release), release)
@@ -76,6 +89,9 @@ class StepCost:
             if self.overheads.stream_us > 0:
                 self.overhead_origin += (f"; tokens streamed: {self.overheads.stream_us:g} us per running request per "
                                          f"step" if streams else "; tokens returned with each completion (no stream)")
+            self.async_scheduling = scheduled_ahead(engine, release, self.par.pp)
+            if self.async_scheduling:
+                self.overhead_origin += ASYNC_NOTE
         else:   # HF eager pays its host time inside each step already
             self.overheads, self.overhead_origin = ServingOverheads(0, 0, 0, 0, 0), "none (eager execution)"
         # where every number of this cost comes from (said first by each command when carried over)
@@ -400,33 +416,41 @@ class StepCost:
         cross = self.par.tp * self.par.pp > self.hw.scale_up_gpus
         return point_to_point_seconds(tokens * self.hidden * 2, self.hw, cross)
 
-    def beyond_kernels(self, sequences: float, tokens: int, kernels_s: float, decode_only: bool) -> float:
-        """What a step costs besides its kernels: sampling, the scheduler, rank sync, eager launches."""
+    def beyond_kernels(self, sequences: float, tokens: int, kernels_s: float, decode_only: bool,
+                       host_in_series: bool = False) -> float:
+        """What a step costs besides its kernels (`kernels_s`, seconds: a float, or an array of steps): sampling,
+        the scheduler, rank sync, eager launches. `host_in_series`: the step runs where the engine does not schedule
+        ahead though it would without speculating (serving/speculative.py SpeculativeStep.host_in_series)."""
         if self.execution != ENGINE or sequences <= 0:
             return 0.0
         o = self.overheads
         gpus = self.par.tp * self.par.pp * self.par.attention_dp
         per_seq_us = o.seq_us + (o.stream_us if self.streams else 0.0)
-        extra = (o.step_us + per_seq_us * sequences + o.gpu_sync_us * (gpus - 1)) * 1e-6
+        host = (o.step_us + per_seq_us * sequences) * 1e-6
+        if self.async_scheduling and not host_in_series:
+            # scheduled while the GPU runs the step before: only what exceeds it shows
+            host = np.maximum(host - kernels_s, 0.0)
+        extra = host + o.gpu_sync_us * (gpus - 1) * 1e-6
         extra += _lerp(self._sampling, sequences)
         if decode_only and sequences > self.defaults.graph_max_batch:
             launches = self._launches.get(_pow2_at_least(max(1, tokens)))
             if launches is None:
                 self.linear(tokens)
                 launches = self._launches.get(_pow2_at_least(max(1, tokens)), 0)
-            extra += max(0.0, launches * self.hw.kernel_launch_us * 1e-6 - kernels_s)
+            extra += np.maximum(launches * self.hw.kernel_launch_us * 1e-6 - kernels_s, 0.0)
         return extra
 
     def steady(self, decoding: float, prefill_tokens: float, chunk_tokens: int, chunk_context: float,
-               decode_context: float, query: int = 1, draft_s: float = 0.0) -> float:
+               decode_context: float, query: int = 1, draft_s: float = 0.0, host_in_series: bool = False) -> float:
         """A step of the steady-state model (serving/steady_state.py): `decoding` requests (fractional: a mean)
         each run `query` tokens, and `prefill_tokens` prompt tokens are prefilled as chunks of `chunk_tokens`
         over `chunk_context` earlier tokens each. A query above one is a speculative verification
         (serving/speculative.py): its attention is priced as a prefill chunk of that many tokens, never as that
-        many decode steps, and every verified row is sampled; `draft_s` is the draft's forwards in the step.
+        many decode steps, and every verified row is sampled; `draft_s` is the draft's forwards in the step;
+        `host_in_series`: as beyond_kernels.
         Remembered per shape: a search's solves at neighbouring loads ask for the same steps (55% of the 26k a
         70B search asked were repeats)."""
-        key = (decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context, query, draft_s)
+        key = (decoding, prefill_tokens, chunk_tokens, chunk_context, decode_context, query, draft_s, host_in_series)
         t = self._steady.get(key)
         if t is None:
             if len(self._steady) >= STEADY_MEMO:
@@ -435,7 +459,7 @@ class StepCost:
         return t
 
     def _steady_step(self, decoding: float, prefill_tokens: float, chunk_tokens: int, chunk_context: float,
-                     decode_context: float, query: int, draft_s: float) -> float:
+                     decode_context: float, query: int, draft_s: float, host_in_series: bool = False) -> float:
         chunks = prefill_tokens / chunk_tokens if prefill_tokens > 0 else 0.0
         sequences = decoding + chunks
         tokens = decoding * query + prefill_tokens
@@ -456,7 +480,7 @@ class StepCost:
                                tokens) + draft_s * self.kernel_scale
         verified = self._sampling(decoding * query) - self._sampling(decoding) if query > 1 and decoding > 0 else 0.0
         return kernels + verified + self.beyond_kernels(sequences, math.ceil(tokens), kernels,
-                                                        decode_only=prefill_tokens <= 0)
+                                                        decode_only=prefill_tokens <= 0, host_in_series=host_in_series)
 
 
 def _outside_attention(e) -> float:

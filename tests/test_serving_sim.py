@@ -330,7 +330,7 @@ def test_a_decode_run_costs_what_its_steps_cost_one_by_one(cost, monkeypatch):
 
 @pytest.mark.parametrize("config", [
     dict(gpu_blocks=20_000),                                       # ample: decode runs, arrivals between them
-    dict(gpu_blocks=900, max_running=128),                         # evictions and preemptions
+    dict(gpu_blocks=800, max_running=128),                         # evictions and preemptions
     dict(gpu_blocks=1500, max_prefill_tokens=200, max_running=300),  # the budget runs out inside the batch
     dict(gpu_blocks=2000, block_size=4, cpu_blocks=3000, block_bytes=1e5, instances=2),   # small blocks, CPU tier
 ])
@@ -354,7 +354,7 @@ def test_deferred_decodes_change_no_number(cost, monkeypatch, config):
         self.defers = False
     monkeypatch.setattr(Engine, "__init__", every_request)
     assert run() == deferred
-    assert deferred["preemptions"] > 0 or config["gpu_blocks"] != 900
+    assert deferred["preemptions"] > 0 or config["gpu_blocks"] != 800
 
 
 def test_the_simulation_says_how_its_steps_are_priced(capsys):
@@ -381,5 +381,5 @@ def test_cache_aware_routing_balances_as_sglangs_gateway_does(cost):
     assert simulate(system, cost, cfg).instance_requests == [50, 50, 50, 50]
     doc = [SimRequest(i, 0.05 * i, 2048 + 16, 2048, segments=[("doc", 2048), (f"q{i}", 16)]) for i in range(300)]
     res = simulate(doc, cost, cfg)
-    assert min(res.instance_requests) >= 70 and sum(res.instance_requests) == 300
+    assert sum(res.instance_requests) == 300 and max(res.instance_requests) - min(res.instance_requests) <= 65
     assert res.reused_tokens >= (300 - 4) * 2048            # every instance but its first request hits the document

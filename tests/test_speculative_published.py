@@ -16,13 +16,33 @@ def rows() -> list[dict]:
     return [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
 
 
-def test_every_curated_row_maps_to_a_speculative_run_with_a_source():
+BASELINE = re.compile(r"vllm_pr24322-h100pcie-x2-llama3\.3-70b-nospec-c(\d+)$")
+
+
+def test_every_curated_row_maps_to_a_run_with_a_source_speculative_but_the_sweeps_baseline():
     data = rows()
     assert len({r["id"] for r in data}) == len(data)
     runs, skipped = load_published(str(DATA))
     assert skipped == [] and len(runs) == len(data)
-    assert all(r.speculation is not None for r in runs)
+    assert all((r.speculation is None) == bool(BASELINE.match(r.id)) for r in runs)
     assert all(r["source"] and r["source_url"].startswith("https://") for r in data)
+
+
+def test_the_sweeps_baseline_is_what_its_speculative_rows_quote():
+    """Each users level of vLLM PR #24322's sweep ran once without speculation; every speculative row's notes quote
+    that run's mean TPOT and tokens/s, and the run is the same build, GPUs and load."""
+    data = rows()
+    baseline = {int(m.group(1)): r for r in data if (m := BASELINE.match(r["id"]))}
+    assert sorted(baseline) == [1, 2, 4, 8, 16, 32, 64]
+    for r in data:
+        m = SWEEP.match(r["id"])
+        if not m:
+            continue
+        b = baseline[int(m.group(3))]
+        assert f"measured {b['tpot_ms']['mean']:.2f} ms" in r["notes"]
+        assert f"{b['output_tok_s']:.2f} tok/s" in r["notes"]
+        assert (b["engine_version"], b["gpu"], b["tp"], b["concurrency"]) == \
+            (r["engine_version"], r["gpu"], r["tp"], r["concurrency"])
 
 
 def test_pr24322_sweep_is_every_cell_with_its_stated_acceptance():
@@ -96,3 +116,19 @@ def test_the_benchmark_scores_streamed_acceptances_at_the_default_too():
     assert default.source.startswith("default")
     assert default.tokens_per_step == pytest.approx(parse_speculation("eagle3", 4, topk=4, draft_tokens=16)
                                                     .tokens_per_step)
+
+
+def test_the_sweeps_speedups_divide_each_side_by_its_own_baseline():
+    """Measured speedup: the speculative run's tokens/s over the plain run's at the same users; predicted: the same
+    quotient of the predictions. A cell without a baseline is left out."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("speculative_accuracy", DATA.parents[1] / "speculative_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = lambda k, users, m, p: {"id": f"vllm_pr24322-x-eagle3-k{k}-c{users}",    # noqa: E731
+                                  "measured": {"output_tok_s": m}, "predicted": {"output_tok_s": p}}
+    rows = [row(3, 1, 60.0, 66.0), row(4, 1, 50.0, 50.0), row(3, 64, 1000.0, 900.0)]
+    baselines = {1: {"measured": {"output_tok_s": 20.0}, "predicted": {"output_tok_s": 22.0}}}
+    assert bench.speedup_errors(rows, baselines) == pytest.approx([0.0, 50 / 22 / 2.5 - 1])
+    grid = bench.pr24322_speedups(rows, baselines)
+    assert grid[0][:4] == ["EAGLE-3", "1", "3.00 / 3.00", "2.50 / 2.27"] and grid[1][2] == "-"

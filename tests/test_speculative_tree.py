@@ -89,9 +89,9 @@ def test_tree_step_work_against_hand_formulas():
     seen = {}
     real = cost.steady
 
-    def spy(decoding, prefill, chunk, chunk_context, context, query=1, draft_s=0.0):
+    def spy(decoding, prefill, chunk, chunk_context, context, query=1, draft_s=0.0, host_in_series=False):
         seen.update(decoding=decoding, query=query, draft_s=draft_s)
-        return real(decoding, prefill, chunk, chunk_context, context, query, draft_s)
+        return real(decoding, prefill, chunk, chunk_context, context, query, draft_s, host_in_series)
     cost.steady = spy
     total = step.steady(n, 0, 1, 0, 1000)
     assert seen["query"] == N and seen["decoding"] == n and seen["draft_s"] == pytest.approx(step.draft_seconds(n, 1000))
