@@ -146,6 +146,22 @@ def speedup_errors(rows: list[dict], baselines: dict[int, dict]) -> list[float]:
     return out
 
 
+def pr24322_best(rows: list[dict], baselines: dict[int, dict]) -> list[list[str]]:
+    """Per method and users, the k with the most output tok/s, measured against predicted, each with its speedup over
+    the plain run at those users (where the sweep ran one): what the optimizer's search over k would pick."""
+    cells, out = _sweep_cells(rows), []
+    for method, users in sorted({(m, u) for m, u, _ in cells}):
+        ks = {k: r for (m, u, k), r in cells.items() if (m, u) == (method, users)}
+        line = ["draft: Llama-3.2-1B" if method == "draft-1b" else "EAGLE-3", str(users)]
+        for side in ("measured", "predicted"):
+            k = max(ks, key=lambda k: ks[k][side]["output_tok_s"])
+            b = baselines.get(users)
+            x = f", {ks[k][side]['output_tok_s'] / b[side]['output_tok_s']:.2f}x" if b else ""
+            line.append(f"k={k}{x}")
+        out.append(line)
+    return out
+
+
 def baseline_rows(runs, predictor) -> dict[int, dict]:
     """vLLM PR #24322's runs without speculation (its sweep's baseline), by users, each predicted."""
     out = {}
@@ -226,6 +242,9 @@ def main(argv=None) -> int:
         if errors:
             print(f"speedup, predicted against measured: median abs error {statistics.median(map(abs, errors)):.1%} "
                   f"over {len(errors)} cells ({min(errors):+.0%} to {max(errors):+.0%})")
+        print()
+        print(format_table(["setup", "users", "best k measured", "best k predicted"], pr24322_best(out, baselines),
+                           title="The sweep's best k by output tok/s (speedup over the plain run)"))
         print()
     print(format_table(["SpecDecode-Bench setup", "accept len"] + [f"batch {b}" for b in CROSSOVER_BATCHES],
                        [[r["setup"], f"{r['acceptance_length']:g}"]

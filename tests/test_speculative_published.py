@@ -132,3 +132,16 @@ def test_the_sweeps_speedups_divide_each_side_by_its_own_baseline():
     assert bench.speedup_errors(rows, baselines) == pytest.approx([0.0, 50 / 22 / 2.5 - 1])
     grid = bench.pr24322_speedups(rows, baselines)
     assert grid[0][:4] == ["EAGLE-3", "1", "3.00 / 3.00", "2.50 / 2.27"] and grid[1][2] == "-"
+
+
+def test_the_sweeps_best_k_is_read_from_each_side_alone():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("speculative_accuracy", DATA.parents[1] / "speculative_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = lambda k, m, p: {"id": f"vllm_pr24322-x-draft-1b-k{k}-c64",    # noqa: E731
+                           "measured": {"output_tok_s": m}, "predicted": {"output_tok_s": p}}
+    rows = [row(3, 1100.0, 900.0), row(5, 1200.0, 950.0), row(8, 1000.0, 1000.0)]
+    baselines = {64: {"measured": {"output_tok_s": 800.0}, "predicted": {"output_tok_s": 800.0}}}
+    assert bench.pr24322_best(rows, baselines) == [["draft: Llama-3.2-1B", "64", "k=5, 1.50x", "k=8, 1.25x"]]
+    assert bench.pr24322_best(rows, {}) == [["draft: Llama-3.2-1B", "64", "k=5", "k=8"]]
