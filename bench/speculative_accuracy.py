@@ -123,27 +123,24 @@ def pr24322_sweep(rows: list[dict]) -> list[list[str]]:
                                                         f"({r['error']['tpot_ms']:+.0%})")
 
 
+def _speedup(r: dict, baseline: dict, side: str) -> float:
+    """Output tok/s speculating over the plain run's at the same users, both `measured` or both `predicted`."""
+    return r[side]["output_tok_s"] / baseline[side]["output_tok_s"]
+
+
 def pr24322_speedups(rows: list[dict], baselines: dict[int, dict]) -> list[list[str]]:
     """The same grid as speedups of output tok/s over the sweep's own runs without speculation at the same users:
     measured / predicted (the prediction divides by the prediction of that plain run)."""
     def cell(r: dict, users: int) -> str:
         b = baselines.get(users)
-        if b is None:
-            return "-"
-        measured = r["measured"]["output_tok_s"] / b["measured"]["output_tok_s"]
-        return f"{measured:.2f} / {r['predicted']['output_tok_s'] / b['predicted']['output_tok_s']:.2f}"
+        return "-" if b is None else f"{_speedup(r, b, 'measured'):.2f} / {_speedup(r, b, 'predicted'):.2f}"
     return _sweep_grid(_sweep_cells(rows), cell)
 
 
 def speedup_errors(rows: list[dict], baselines: dict[int, dict]) -> list[float]:
     """Predicted over measured speedup, less one, for every cell of the sweep with a baseline."""
-    out = []
-    for (_, users, _), r in sorted(_sweep_cells(rows).items()):
-        b = baselines.get(users)
-        if b is not None:
-            measured = r["measured"]["output_tok_s"] / b["measured"]["output_tok_s"]
-            out.append(r["predicted"]["output_tok_s"] / b["predicted"]["output_tok_s"] / measured - 1)
-    return out
+    return [_speedup(r, baselines[users], "predicted") / _speedup(r, baselines[users], "measured") - 1
+            for (_, users, _), r in sorted(_sweep_cells(rows).items()) if users in baselines]
 
 
 def pr24322_best(rows: list[dict], baselines: dict[int, dict]) -> list[list[str]]:
@@ -156,7 +153,7 @@ def pr24322_best(rows: list[dict], baselines: dict[int, dict]) -> list[list[str]
         for side in ("measured", "predicted"):
             k = max(ks, key=lambda k: ks[k][side]["output_tok_s"])
             b = baselines.get(users)
-            x = f", {ks[k][side]['output_tok_s'] / b[side]['output_tok_s']:.2f}x" if b else ""
+            x = f", {_speedup(ks[k], b, side):.2f}x" if b else ""
             line.append(f"k={k}{x}")
         out.append(line)
     return out

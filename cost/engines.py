@@ -269,6 +269,14 @@ def engine_releases(engine: str) -> list[str]:
     return sorted(entry.get("releases", {}), key=release_key)
 
 
+def scheduled_ahead(engine: str, release: str | None, pp: int = 1, method: str | None = None) -> bool:
+    """The engine, at `release` (None: the newest with data), schedules each step while the GPU runs the one before
+    (AsyncScheduling), for a replica of `pp` stages speculating with `method` (None: not)."""
+    rule = ENGINES[engine].async_scheduling
+    release = release or next(reversed(engine_releases(engine)), None)
+    return bool(rule and release and rule.runs(release, pp, method))
+
+
 def nearest_release(engine: str, release: str | None) -> str | None:
     """The release with fitted overheads nearest `release`: its own, else the newest older one, else the oldest
     (None: no release asked, the newest). A release with kernel tables and no end-to-end rows (TensorRT-LLM 1.0)

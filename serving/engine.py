@@ -295,18 +295,20 @@ class Engine:
         tokens in all, ending with the first step that reaches `horizon`."""
         cost = self.cost
         # the same terms as StepCost.step of `batch` decodes: with CUDA graphs and one stage, what the step costs
-        # beyond its kernels does not depend on them
+        # beyond its kernels does not depend on them, unless the engine schedules ahead (its host work hides under
+        # each step's kernels, its attention included)
         scale = cost.kernel_scale
         outside_attention = (cost.linear(batch) + cost.logits(batch)) * scale
-        overhead = cost.beyond_kernels(batch, batch, outside_attention, decode_only=True)
+        overhead = None if cost.async_scheduling else cost.beyond_kernels(batch, batch, outside_attention,
+                                                                          decode_only=True)
         # step j ends at the sum of the steps before it, each outside_attention + its attention + overhead (numpy
         # adds in the same order: the same floats)
         now, j = self.clock, 0
         while j < steps:
             attention = cost.decode_attention_from(batch, context // batch + j, steps - j) * scale
-            if cost.async_scheduling:   # the host work hides under each step's kernels, its attention included
-                overhead = cost.beyond_kernels(batch, batch, outside_attention + attention, decode_only=True)
-            ends = np.add.accumulate(np.concatenate(([now], outside_attention + attention + overhead)))[1:]
+            beyond = overhead if overhead is not None else \
+                cost.beyond_kernels(batch, batch, outside_attention + attention, decode_only=True)
+            ends = np.add.accumulate(np.concatenate(([now], outside_attention + attention + beyond)))[1:]
             crossed = int(np.searchsorted(ends, horizon))
             if crossed < len(ends):
                 return j + crossed + 1, float(ends[crossed])

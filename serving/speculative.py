@@ -29,14 +29,14 @@ from functools import lru_cache
 from importlib import resources
 
 from cost.engine_kernels.params import ParamSet, param
-from cost.engines import ENGINES
+from cost.engines import ENGINES, scheduled_ahead
 from cost.execution import ENGINE
 from tracer.model_source import ModelSpec, resolve_model
 from tracer.trace import trace
 from tracer.work import Request
 
 from .capacity import ReplicaMemory, kv_bytes_per_token, weight_bytes_per_gpu
-from .step_cost import StepCost, _lerp, scheduled_ahead
+from .step_cost import StepCost, _lerp
 
 EAGLE3_VOCAB = 32000     # the draft vocabulary of the published EAGLE-3 heads (draft_vocab_size)
 # engines that cap the running batch when they speculate, unless told otherwise: SGLang resets

@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from cost.engine_pricing import decode_rows_in_prefill
-from cost.engines import ENGINES, ServingOverheads, engine_releases, nearest_release, serving_overheads
+from cost.engines import ENGINES, ServingOverheads, nearest_release, scheduled_ahead, serving_overheads
 from cost.estimate import Parallelism, estimate, sampling_seconds
 from cost.op_formats import expert_resident, is_formats_note
 from cost.parallel import point_to_point_seconds
@@ -32,16 +32,9 @@ from .capacity import ReplicaMemory, replica_memory
 from .derived_trace import attention_work, derive, outside_attention
 
 
-ASYNC_NOTE = ("; scheduled asynchronously: the scheduler's host work per step (step_us, seq_us) runs while the GPU "
-              "computes the step before, and only what exceeds the GPU's step adds to it")
-
-
-def scheduled_ahead(engine: str, release: str | None, pp: int = 1, method: str | None = None) -> bool:
-    """The engine, at `release` (None: the newest with data), schedules each step while the GPU runs the one before
-    (cost/engines.py AsyncScheduling), for a replica of `pp` stages speculating with `method` (None: not)."""
-    rule = ENGINES[engine].async_scheduling
-    release = release or next(reversed(engine_releases(engine)), None)
-    return bool(rule and release and rule.runs(release, pp, method))
+ASYNC_NOTE = ("; scheduled asynchronously: the scheduler's host work per step (step_us, and seq_us and stream_us per "
+              "running request) runs while the GPU computes the step before, and only what exceeds the GPU's step "
+              "adds to it")
 
 
 def step_overheads(hw: HardwareProfile, engine: str, release: str | None = None,

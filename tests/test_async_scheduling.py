@@ -3,11 +3,11 @@ runs while the GPU computes the step before, except with draft-model and n-gram 
 parallelism; the releases before fitted that work in series."""
 import pytest
 
-from cost.engines import ENGINES, engine_releases
+from cost.engines import ENGINES, engine_releases, scheduled_ahead
 from cost.profile import load_profile
 from serving.published_rows import stated_release
 from serving.speculative import parse_speculation, speculative_step, step_times
-from serving.step_cost import ASYNC_NOTE, StepCost, scheduled_ahead
+from serving.step_cost import ASYNC_NOTE, StepCost
 from tracer import TraceOptions, resolve_model
 
 
