@@ -159,6 +159,22 @@ def pr24322_best(rows: list[dict], baselines: dict[int, dict]) -> list[list[str]
     return out
 
 
+def logged_kv_rows(runs, predictor: Predictor, estimating: Predictor) -> list[dict]:
+    """Each setup whose runs state the KV capacity their engine logged: that capacity against tracecost's own
+    estimate from memory (the engine's budget less weights, activations and the draft)."""
+    setups = {}
+    for run in runs:
+        if run.kv_cache_tokens:
+            label = re.sub(r" k=\d+$", "", run.speculation.label) if run.speculation else "none"
+            cost = predictor.cost(run)
+            d = cost.defaults
+            seqs, tokens = run.max_num_seqs or d.max_num_seqs, run.max_batched_tokens or d.max_batched_tokens
+            setups.setdefault((run.model, run.device, run.tp, label), {
+                "model": run.model, "device": run.device, "tp": run.tp, "speculation": label,
+                "logged": run.kv_cache_tokens, "estimated": estimating.kv_tokens(run, cost, tokens, seqs)})
+    return list(setups.values())
+
+
 def baseline_rows(runs, predictor) -> dict[int, dict]:
     """vLLM PR #24322's runs without speculation (its sweep's baseline), by users, each predicted."""
     out = {}
@@ -178,7 +194,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     runs, skipped = load_published(*args.data)
     predictor, out = Predictor(), []
+    estimating = predictor.estimating_kv()
     baselines = baseline_rows(runs, predictor)
+    kv = logged_kv_rows(runs, predictor, estimating)
     runs = [r for r in runs if r.speculation is not None]
     refused = [(i, why) for i, why in skipped if any(w in why for w in ("tree drafts", "speculative"))]
     for run in runs:
@@ -192,10 +210,14 @@ def main(argv=None) -> int:
             default = replace(run, speculation=at_default(run.speculation))
             row["at_default"] = {"tokens_per_step": default.speculation.tokens_per_step,
                                  "error": _errors(run, predictor.predict(default)[0])}
+        if run.kv_cache_tokens:     # what tracecost says without the engine's logged capacity
+            row["kv_cache_tokens"] = run.kv_cache_tokens
+            row["at_estimated_kv"] = {"error": _errors(run, estimating.predict(run)[0])}
         out.append(row)
     cross = crossover()
     if args.json:
-        print(json.dumps({"rows": out, "refused": refused, "baselines": baselines, "crossover": cross}, indent=1))
+        print(json.dumps({"rows": out, "refused": refused, "baselines": baselines, "logged_kv": kv,
+                          "crossover": cross}, indent=1))
         return 0
     table = []
     for r in out:
@@ -217,6 +239,17 @@ def main(argv=None) -> int:
         print(format_table(SUMMARY_COLUMNS, summary(streamed),
                            title="The rows whose acceptance their stream shows, at the method's default acceptance "
                                  "instead"))
+        print()
+    estimated = [{**r, "error": r["at_estimated_kv"]["error"]} for r in out if "at_estimated_kv" in r]
+    if kv:
+        print(format_table(["model", "device", "TP", "speculation", "logged", "tracecost", "error"],
+                           [[k["model"], k["device"], str(k["tp"]), k["speculation"], f"{k['logged']:,}",
+                             f"{k['estimated']:,}", f"{k['estimated'] / k['logged'] - 1:+.1%}"] for k in kv],
+                           title="KV capacity per replica in tokens: what the engine logged, which the rows above are "
+                                 "priced at, and tracecost's own estimate from memory"))
+        print()
+        print(format_table(SUMMARY_COLUMNS, summary(estimated),
+                           title="The same rows at tracecost's own KV estimate instead of the logged capacity"))
         print()
     sweep = pr24322_sweep(out)
     if sweep:

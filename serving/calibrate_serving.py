@@ -1,7 +1,8 @@
 """Calibrate tracecost to a cluster from a handful of end-to-end serving runs.
 
     python -m cost.calibrate --from-serving FILE... --device D --engine E [--fit-on ID_OR_TEXT] [--overheads ...]
-        [--model M --tp N --isl I --osl O --batch-size B --engine-flags "..."] [--output F | --write-profile]
+        [--model M --tp N --isl I --osl O --batch-size B --engine-flags "..."] [--kv-cache-tokens N]
+        [--output F | --write-profile]
 
 FILEs are `vllm bench serve --save-result` JSON, benchmark_latency.py / benchmark_throughput.py `--output-json`,
 MLPerf `mlperf_log_summary.txt`, or development-set rows (serving/measurements.py); flags fill what a file does
@@ -92,7 +93,8 @@ def published_run(m: ServingMeasurement) -> PublishedRun:
         max_batched_tokens=s.max_batched_tokens, chunked_prefill=s.chunked_prefill,
         mode="offline_batch" if m.load == BATCH else "", lengths=m.lengths,
         api_servers=max(1, s.api_servers) if served else 0, streams=m.streams, capacity_scheduler=s.capacity_scheduler,
-        mixed_chunk=s.mixed_chunk, chat_requests=m.chat_requests, scheduler_steps=s.scheduler_steps)
+        mixed_chunk=s.mixed_chunk, chat_requests=m.chat_requests, scheduler_steps=s.scheduler_steps,
+        kv_cache_tokens=m.kv_cache_tokens)
 
 
 def log_errors(pred: dict, m: ServingMeasurement) -> list[float]:
@@ -273,6 +275,10 @@ def main(argv=None) -> int:
                              ("--engine-flags", str, "the engine's launch flags (--max-num-seqs, "
                                                      "--max-num-batched-tokens, --enable-chunked-prefill, ...)")):
         p.add_argument(flag, type=kind, help=f"{text}, where a file does not say")
+    p.add_argument("--kv-cache-tokens", type=int, metavar="N",
+                   help="the KV capacity per engine copy that the engine logged at start (vLLM: 'GPU KV cache size: "
+                        "N tokens'): the runs are priced at it instead of tracecost's estimate from memory, so that "
+                        "a capacity error does not pass for a kernel speed (development-set rows state their own)")
     p.add_argument("--fit-power", action="store_true",
                    help="fit the power limit's matrix clock (the profile's power_limit.matrix_clock, cost/power.py) "
                         "instead of the four kernel scalings: a power-capped part carrying a less capped "
@@ -310,8 +316,10 @@ def _overhead_names(text: str, rows: list[ServingMeasurement]) -> list[str]:
 
 def run(args, argv: list[str]) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.kv_cache_tokens is not None and args.kv_cache_tokens <= 0:
+        raise ValueError(f"--kv-cache-tokens must be a positive number of tokens, got {args.kv_cache_tokens}")
     facts = RunFacts(args.model, args.device, args.engine, args.tp, args.dtype, args.kv_dtype, args.isl, args.osl,
-                     args.batch_size, args.engine_flags)
+                     args.batch_size, args.engine_flags, args.kv_cache_tokens)
     hw = load_profile(args.device)
     rows = usable_rows(load_files(args.files, facts), hw, args.engine, log)
     if args.fit_on:

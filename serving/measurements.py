@@ -107,6 +107,7 @@ class RunFacts:
     osl: float | None = None
     batch_size: int | None = None
     engine_flags: str | None = None
+    kv_cache_tokens: int | None = None   # the KV capacity the engine logged per replica (vLLM: "GPU KV cache size")
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class ServingMeasurement:
     unpriced: str = ""           # why tracecost cannot price this run (a development-set row the predictor refuses,
                                  # a served run that speculates)
     run: PublishedRun | None = None   # a development-set row as the predictor reads it (serving/published_rows.py)
+    kv_cache_tokens: int | None = None   # the KV capacity its engine logged (RunFacts), priced at instead of estimated
 
     @property
     def streams(self) -> bool:
@@ -181,7 +183,7 @@ def _record(where: str, fmt: str, stated: dict, facts: RunFacts, measured: dict,
     return ServingMeasurement(id=stated.get("id") or f"{name}{idx}", source=where, format=fmt,
                               engine_version=stated.get("engine_version") or "", load=load, load_value=load_value,
                               settings=parse_engine_flags(settings_text, stated.get("launcher")), measured=measured,
-                              filled=tuple(filled),
+                              filled=tuple(filled), kv_cache_tokens=facts.kv_cache_tokens,
                               **{k: values[k] for k in ("model", "device", "engine", "dtype", "kv_dtype")},
                               tp=int(values["tp"]), isl=float(values["isl"]), osl=float(values["osl"]))
 

@@ -45,11 +45,19 @@ def trtllm_bench_limits(kv_tokens: int, isl: int, osl: int) -> tuple[int, int]:
 class Predictor:
     """Predicts published runs; step shapes are traced and priced once per (model, device, formats, layout)."""
 
-    def __init__(self, hw: HardwareProfile | None = None):
+    def __init__(self, hw: HardwareProfile | None = None, logged_kv: bool = True):
         """`hw`: price every run on this profile (a calibration's candidate, serving/calibrate_serving.py), joined
-        and capped as the run's device says; by default each run on its own device's profile."""
-        self.hw = hw
+        and capped as the run's device says; by default each run on its own device's profile. `logged_kv`: a run
+        that states the KV capacity its engine logged (PublishedRun.kv_cache_tokens) is priced at it; False: at
+        tracecost's estimate from memory, as every other run."""
+        self.hw, self.logged_kv = hw, logged_kv
         self._costs: dict = {}
+
+    def estimating_kv(self) -> "Predictor":
+        """This predictor, its priced steps shared, pricing every run at tracecost's KV estimate (logged_kv off)."""
+        other = Predictor(self.hw, logged_kv=False)
+        other._costs = self._costs
+        return other
 
     def profile(self, run: PublishedRun) -> HardwareProfile:
         return load_profile(run.device) if self.hw is None else with_device_suffixes(self.hw, run.device)
@@ -72,14 +80,22 @@ class Predictor:
         tokens = run.max_batched_tokens or d.max_batched_tokens
         chunked = d.chunked_prefill if run.chunked_prefill is None else run.chunked_prefill
         if run.trtllm_bench and run.max_num_seqs is None:
-            kv_tokens = cost.replica_memory(d.max_batched_tokens, run.memory_fraction).kv_tokens
+            kv_tokens = self.kv_tokens(run, cost, d.max_batched_tokens)
             seqs, tokens = trtllm_bench_limits(kv_tokens, run.isl, run.osl)
-        kv_tokens = cost.replica_memory(tokens, run.memory_fraction, seqs).kv_tokens
+        kv_tokens = self.kv_tokens(run, cost, tokens, seqs)
         return Limits(seqs, tokens, kv_tokens, chunked or tokens < run.isl,
                       output_kv_share=output_kv_share(run.engine, run.capacity_scheduler),
                       on_demand=on_demand_kv(run.engine, run.capacity_scheduler, d.cache_block_tokens,
                                              cost.spare_kv_slots),
                       prefill_apart=d.prefill_apart and not run.mixed_chunk)
+
+    def kv_tokens(self, run: PublishedRun, cost: StepCost, max_batched_tokens: int,
+                  max_num_seqs: int | None = None) -> int:
+        """One replica's KV capacity in tokens: the one its engine logged where the run states it (and
+        `logged_kv`), else what the engine's memory budget leaves (StepCost.replica_memory)."""
+        if self.logged_kv and run.kv_cache_tokens:
+            return run.kv_cache_tokens
+        return cost.replica_memory(max_batched_tokens, run.memory_fraction, max_num_seqs).kv_tokens
 
     @staticmethod
     def cached_tokens(run: PublishedRun, cost: StepCost) -> int:

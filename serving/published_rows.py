@@ -104,6 +104,9 @@ class PublishedRun:
     chat_requests: bool = True   # its client sent chat completions (the server renders each prompt; _chat_requests)
     scheduler_steps: int = 1     # vLLM's multi-step scheduling (--num-scheduler-steps): one schedule per k decodes
     attention_dp: bool = False   # the replicas are attention-DP ranks whose MoE layers form one EP group of tp x replicas
+    # the KV capacity of one replica its engine logged at start (vLLM's "GPU KV cache size: N tokens"): a run that
+    # states it is priced at it, beside tracecost's own estimate from memory (serving/capacity.py)
+    kv_cache_tokens: int | None = None
 
 
 def _engine(text: str) -> str | None:
@@ -343,6 +346,16 @@ def _chat_requests(r: dict) -> bool:
     return not re.search(r"\bvllm\s+bench\s+serve\b", r.get("engine_flags") or "")
 
 
+def _logged_kv_tokens(r: dict) -> int | None:
+    """The KV capacity a row states its engine logged, in tokens per replica (None: not stated)."""
+    tokens = r.get("kv_cache_tokens")
+    if tokens is None:
+        return None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+        raise ValueError(f"{r['id']}: kv_cache_tokens must be a positive whole number of tokens, got {tokens!r}")
+    return tokens
+
+
 def _load(r: dict, replicas: int) -> Load:
     requests = int(r.get("num_requests") or 0)
     if r["mode"] == "offline_batch":
@@ -395,7 +408,8 @@ def map_row(r: dict) -> tuple[PublishedRun | None, str | None]:
         _prefix_hit_rate(r),
         streams=streamed(r["id"], flags.api_server), capacity_scheduler=flags.capacity_scheduler,
         mixed_chunk=flags.mixed_chunk, set_aside=set_aside, chat_requests=_chat_requests(r),
-        scheduler_steps=flags.scheduler_steps, attention_dp=bool(r.get("attention_dp")))
+        scheduler_steps=flags.scheduler_steps, attention_dp=bool(r.get("attention_dp")),
+        kv_cache_tokens=_logged_kv_tokens(r))
     return run, None
 
 

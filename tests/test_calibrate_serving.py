@@ -167,6 +167,23 @@ def test_cli_bad_input_exits_2_in_one_line(tmp_path, capsys):
     assert calibrate_main(["--from-serving", str(DATA / "mi300x_vllm066_rows.jsonl"), "--device", "mi300x",
                            "--engine", "vllm", "--overheads", "bogus_us"]) == 2
     assert "unknown overhead 'bogus_us'" in capsys.readouterr().err
+    assert calibrate_main(["--from-serving", str(DATA / "vllm_bench_serve.json"), "--device", "h100",
+                           "--engine", "vllm", "--kv-cache-tokens", "0"]) == 2
+    assert "--kv-cache-tokens must be a positive" in capsys.readouterr().err
+
+
+def test_a_run_is_priced_at_the_kv_capacity_its_engine_logged():
+    """--kv-cache-tokens (the engine's start-up log) replaces tracecost's estimate of the capacity for the file's
+    runs: a fit then cannot read a capacity error as a kernel speed."""
+    from serving.calibrate_serving import published_run
+    (m,) = load_file(str(DATA / "vllm_bench_serve.json"), RunFacts(device="h100", kv_cache_tokens=20_000))
+    (plain,) = load_file(str(DATA / "vllm_bench_serve.json"), RunFacts(device="h100"))
+    predictor = Predictor()
+    run, estimated = published_run(m), published_run(plain)
+    assert run.kv_cache_tokens == 20_000 and estimated.kv_cache_tokens is None
+    assert predictor.limits(run, predictor.cost(run)).kv_tokens == 20_000
+    assert predictor.limits(estimated, predictor.cost(estimated)).kv_tokens > 100_000   # Llama-3.1-8B on 80 GB
+    assert Predictor(logged_kv=False).limits(run, predictor.cost(run)).kv_tokens > 100_000
 
 
 def test_engine_flags():

@@ -2,6 +2,7 @@
 every row maps to a run, and vLLM PR #24322's sweep is whole and self-consistent."""
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,52 @@ def test_the_sweeps_best_k_is_read_from_each_side_alone():
     baselines = {64: {"measured": {"output_tok_s": 800.0}, "predicted": {"output_tok_s": 800.0}}}
     assert bench.pr24322_best(rows, baselines) == [["draft: Llama-3.2-1B", "64", "k=5, 1.50x", "k=8, 1.25x"]]
     assert bench.pr24322_best(rows, {}) == [["draft: Llama-3.2-1B", "64", "k=5", "k=8"]]
+
+
+LOGGED_KV = {"draft": 14864, "eagle3": 13280, None: 26432}   # the sweep's serve logs: "GPU KV cache size: N tokens"
+
+
+def test_the_sweep_is_priced_at_the_kv_capacity_its_servers_logged():
+    """Every row of vLLM PR #24322's sweep states the capacity its server logged: the draft model's, the EAGLE-3
+    head's and the plain server's, the same for every k and load. The predictor prices the row at it."""
+    from serving.published import Predictor
+    runs = [r for r in load_published(str(DATA))[0] if r.source_kind == "vllm_pr24322_bench"]
+    assert len(runs) == 91
+    predictor = Predictor()
+    for run in runs:
+        method = run.speculation.method if run.speculation else None
+        assert run.kv_cache_tokens == LOGGED_KV[method]
+        if run.load.value == 64:
+            assert predictor.limits(run, predictor.cost(run)).kv_tokens == LOGGED_KV[method]
+
+
+def test_tracecosts_own_kv_estimate_is_within_five_percent_of_the_logged_capacity():
+    """The memory model against the sweep's logs, draft by draft: weights, the profile forward's activations, the
+    communicators' reserve, the draft's weights and KV, and the rejection sampler's warm-up (serving/speculative.py)
+    leave within 5% of the tokens vLLM logged. A change to any of them that moves the estimate past that fails."""
+    from serving.published import Predictor
+    estimating = Predictor().estimating_kv()
+    seen = {}
+    for run in load_published(str(DATA))[0]:
+        if run.source_kind != "vllm_pr24322_bench":
+            continue
+        method = run.speculation.method if run.speculation else None
+        cost = estimating.cost(run)
+        seen[method] = estimating.limits(run, cost).kv_tokens
+        # priced from memory, whatever the row states
+        assert estimating.limits(replace(run, kv_cache_tokens=1), cost).kv_tokens == seen[method]
+    assert set(seen) == set(LOGGED_KV)
+    for method, tokens in seen.items():
+        assert tokens / LOGGED_KV[method] - 1 == pytest.approx(0, abs=0.05), method
+    # the draft's share: each speculative server loses about what its draft takes
+    assert seen[None] > seen["draft"] > seen["eagle3"]
+
+
+def test_a_logged_kv_capacity_must_be_a_positive_whole_number():
+    from serving.published_rows import map_row
+    row = rows()[0]
+    for bad in (0, -5, 1.5, "13280", True):
+        with pytest.raises(ValueError, match="kv_cache_tokens"):
+            map_row({**row, "kv_cache_tokens": bad})
+    run, why = map_row({k: v for k, v in row.items() if k != "kv_cache_tokens"})
+    assert why is None and run.kv_cache_tokens is None
