@@ -39,7 +39,8 @@ def cases(tmp: Path) -> dict[str, list[Case]]:
                         for v in HUGE for m in ("mixed", "disagg")]
     out["optimizer"] += [Case(OPT, f"--nodes {v}", [*base, "--nodes", v]) for v in HUGE]
     for flag in ("--top", "--max-num-seqs", "--max-prefill-tokens", "--prefix-cache-block-size", "--input-length",
-                 "--output-length", "--request-rate", "--concurrency", "--num-requests", "--verify"):
+                 "--output-length", "--request-rate", "--concurrency", "--num-requests", "--verify",
+                 "--kv-cache-tokens"):
         out["optimizer"] += [Case(OPT, f"{flag} {v}", [*one, flag, v]) for v in HUGE]
     out["limits"] = [Case(OPT, f"{flag} {v}", [*one, flag, v, "--json"]) for flag in ("--ttft-limit", "--tpot-limit")
                      for v in ("inf", "-inf", "0", "nan", "1e-300", "1e300")]

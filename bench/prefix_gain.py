@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.common import positive_int, run_main  # noqa: E402
-from cli.inference.throughput_optimizer import int_list  # noqa: E402
+from cli.inference.optimizer_flags import int_list  # noqa: E402
 from cost.engines import DEFAULT_ENGINE, ENGINES  # noqa: E402
 from cost.profile import load_profile  # noqa: E402
 from serving.layouts import Layout  # noqa: E402

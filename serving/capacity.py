@@ -10,7 +10,7 @@ and its reserve, as each engine divides memory (cost/engines.py, ServingDefaults
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost.engines import ServingDefaults
 from cost.execution import expert_slots, replicated
@@ -95,6 +95,12 @@ class ReplicaMemory:
     kv_bytes_per_token: float    # per GPU
     state_tokens_per_sequence: int = 0   # recurrent (SSM / linear-attention) state of one request, in KV tokens
     attention_kv: bool = True            # False: no layer keeps a KV cache (pure SSM); memory counts states
+
+
+def at_logged_capacity(mem: ReplicaMemory, tokens: int) -> ReplicaMemory:
+    """The replica as its engine reported it: `tokens` of KV cache (vLLM logs "GPU KV cache size: N tokens" at
+    start) in place of the capacity estimated from memory."""
+    return replace(mem, kv_tokens=tokens, kv_cache=tokens * mem.kv_bytes_per_token)
 
 
 def kv_heads(trace: Trace) -> int:

@@ -21,7 +21,7 @@ from tracer.model_source import ModelSpec
 from tracer.trace import trace
 from tracer.work import Request, TraceOptions
 
-from .capacity import ReplicaMemory, on_demand_kv, output_kv_share
+from .capacity import ReplicaMemory, at_logged_capacity, on_demand_kv, output_kv_share
 from .layouts import Layout
 from .lengths import LengthDistribution, fixed_lengths
 from .slo import STATS, LatencyLimits, goodput_estimate
@@ -30,6 +30,9 @@ from .speculative import Speculation, SpeculativeStep, speculative_step
 from .step_cost import StepCost
 
 MIXED, DISAGG = "mixed", "disagg"
+# a logged KV capacity this far above tracecost's estimate is more than the memory holds (the estimate is within 5% of
+# the logs it was checked on, docs/speculative.md): said in the notes
+LOGGED_KV_PLAUSIBLE = 1.25
 # how far off a capacity can be and still be called right (the development set's highest-rate-within-limits
 # median error is ~6%): an answer that moves by more than a quarter over this is flagged (Searcher.rate_sensitivity)
 NEAR_CAPACITY_SPREAD = 0.05
@@ -69,6 +72,7 @@ class EngineSettings:
     streams: bool = True                     # clients stream their tokens (cost/engines.py ServingOverheads.stream_us)
     capacity_scheduler: str | None = None    # TensorRT-LLM's KV admission policy (serving/capacity.py), None: default
     chat_requests: bool = True               # clients send chat completions (StepCost.intake_s), else completions
+    kv_cache_tokens: int | None = None       # the KV capacity per replica the engine logged (None: estimated)
 
 
 @dataclass
@@ -172,12 +176,21 @@ class Searcher:
                 self.settings.speculation)
         return self._costs[par]
 
+    def estimated_memory(self, layout: Layout) -> ReplicaMemory:
+        """One replica's memory as tracecost estimates it under the engine's budget and limits."""
+        cost = self.cost(layout)
+        d = cost.defaults
+        return cost.replica_memory(self.settings.max_batched_tokens or d.max_batched_tokens,
+                                   self.settings.memory_fraction, self.settings.max_num_seqs or d.max_num_seqs)
+
     def engine_limits(self, layout: Layout) -> tuple[Limits, ReplicaMemory]:
         cost = self.cost(layout)
         d = cost.defaults
         seqs = self.settings.max_num_seqs or d.max_num_seqs
         budget = self.settings.max_batched_tokens or d.max_batched_tokens
-        mem = cost.replica_memory(budget, self.settings.memory_fraction, seqs)
+        mem = self.estimated_memory(layout)
+        if self.settings.kv_cache_tokens:
+            mem = at_logged_capacity(mem, self.settings.kv_cache_tokens)
         # pipeline stages run pp micro-batches in flight: pp virtual engines, each with its share of the cache
         pp = layout.pp
         engine, policy = self.settings.engine, self.settings.capacity_scheduler
@@ -224,6 +237,13 @@ class Searcher:
         elif not state.stable:
             why.append(state.note)
         notes = [f"step overheads: {cost.overhead_origin}", self.w.describe()] + cost.formats_notes()
+        if self.settings.kv_cache_tokens:
+            estimated = self.estimated_memory(layout).kv_tokens
+            notes.append(f"KV cache: {mem.kv_tokens:,} tokens per replica as the engine logged them "
+                         f"(--kv-cache-tokens); tracecost's estimate from memory: {estimated:,}"
+                         + (f"; {mem.kv_tokens / max(1, estimated):.1f}x what the memory holds beside the weights "
+                            f"by tracecost's count: check the number" if mem.kv_tokens > LOGGED_KV_PLAUSIBLE * estimated
+                            else ""))
         if state.stable and state.note:
             notes.append(state.note)
         if self.w.lengths is not None:

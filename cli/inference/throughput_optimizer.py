@@ -34,16 +34,17 @@ from serving.workload import ARRIVALS
 from tracer.trace import trace
 from tracer.work import Request
 
-from ..common import (MAX_BATCH_TOKENS, MAX_DEVICES, MAX_REQUESTS, MAX_RUNNING, MAX_TOKENS, ArgumentParser,
-                      add_capacity_scheduler_argument, add_device_arguments, add_endpoint_argument, add_model_arguments,
-                      add_speculation_arguments, add_streaming_argument, check_capacity_scheduler, check_plot_path,
-                      dumps_strict, hit_rate, limit_ms, load_device, model_spec, origin_notes, positive_int,
-                      quiet_broken_pipe, run_main, speculations, trace_options, warn)
+from ..common import (ArgumentParser, add_capacity_scheduler_argument, add_device_arguments, add_endpoint_argument,
+                      add_model_arguments, add_speculation_arguments, add_streaming_argument, dumps_strict, hit_rate,
+                      limit_ms, load_device, model_spec, origin_notes, positive_int, quiet_broken_pipe, run_main,
+                      speculations, trace_options, warn)
 from ..progress import Progress
 from .config import InputError
 from .optimizer_table import render
 from .candidate_launch import serving_layout
 from .launch_commands import LAUNCHERS, launch_command
+from .optimizer_flags import (MAX_TOP, check_flags, check_logged_capacity, count_devices, headroom_share, int_list,
+                              memory_fraction, positive_float, top_count)
 from .pareto import ParetoPoint, by_hit_rate, frontier, plot
 from .shapes import ServingShapes, load_hit_rate_distribution
 
@@ -79,40 +80,6 @@ def _lengths(args):
     return max(1, round(lengths.mean_input)), max(1, round(lengths.mean_output)), lengths
 
 
-def _num_devices(args, hw) -> int:
-    if args.nodes is None:
-        if args.num_devices is None:
-            raise InputError("give --num-devices N (or --nodes K for K whole nodes)")
-        MAX_DEVICES.check(args.num_devices, "--num-devices")
-        return args.num_devices
-    per_node = hw.gpus_per_node
-    n = args.num_devices or args.nodes * per_node
-    MAX_DEVICES.check(n, "--nodes x GPUs per node" if args.num_devices is None else "--num-devices")
-    if n > args.nodes * per_node or n <= (args.nodes - 1) * per_node:
-        raise InputError(f"--num-devices {n} does not fill --nodes {args.nodes} of {per_node} GPUs ({hw.name})")
-    if args.nodes > 1 and hw.scale_out_bandwidth_gbps <= 0:
-        raise InputError(f"{hw.name}: the profile has no scale-out network ('scale_out'), so layouts over "
-                         f"{args.nodes} nodes cannot be priced")
-    return n
-
-
-def check_flags(args) -> None:
-    """Flags that are wrong whatever the model: refused before anything is fetched or traced."""
-    check_plot_path(args.plot)
-    if args.input_length is not None and args.output_length is not None:   # a request's KV: prompt + answer
-        MAX_TOKENS.check(args.input_length + args.output_length, "--input-length + --output-length")
-    for flag, value in (("--num-requests", args.num_requests), ("--concurrency", args.concurrency)):
-        if value is not None:   # 10^15 users is a typo; its answer (a queue of centuries) is no serving setup
-            MAX_REQUESTS.check(value, flag)
-    if args.max_num_seqs is not None:
-        MAX_RUNNING.check(args.max_num_seqs, "--max-num-seqs")
-    if args.max_prefill_tokens is not None:
-        MAX_BATCH_TOKENS.check(args.max_prefill_tokens, "--max-prefill-tokens")
-    if args.prefix_cache_block_size > 1:
-        MAX_TOKENS.check(args.prefix_cache_block_size, "--prefix-cache-block-size")
-    check_capacity_scheduler(args)
-
-
 def _hit_rate(args, warnings: list[str]) -> tuple[float, list | None]:
     """(hit rate priced, the distribution's bins or None); what is approximated goes to `warnings`."""
     if not args.prefix_cache_hit_rate_distribution:
@@ -129,7 +96,7 @@ def _hit_rate(args, warnings: list[str]) -> tuple[float, list | None]:
 def optimize(args, on_progress=None) -> dict:
     check_flags(args)
     spec, hw, options = model_spec(args), load_device(args), trace_options(args)
-    num_devices = _num_devices(args, hw)
+    num_devices = count_devices(args, hw)
     flag_warnings: list[str] = []
     if args.emit:
         why = engine_refusal(args.emit, hw.vendor, hw.name)
@@ -158,12 +125,13 @@ def optimize(args, on_progress=None) -> dict:
     settings = EngineSettings(args.engine, args.execution, args.max_num_seqs, budget, args.gpu_memory_utilization,
                               release=args.engine_release, streams=args.stream,
                               capacity_scheduler=args.capacity_scheduler, chat_requests=args.endpoint == "chat")
-    searcher = Searcher(spec, hw, options, workload, settings, limits)
     drafts = speculations(args)
     if drafts and args.mode == DISAGG:
         raise InputError("--speculative is searched in mixed mode: use --mode mixed or both")
+    logged = replace(settings, kv_cache_tokens=args.kv_cache_tokens)
+    searcher = Searcher(spec, hw, options, workload, settings if drafts else logged, limits)
     # each speculative setup is a searcher of its own, beside the one without speculation
-    searchers = [searcher] + [Searcher(spec, hw, options, workload, replace(settings, speculation=d), limits)
+    searchers = [searcher] + [Searcher(spec, hw, options, workload, replace(logged, speculation=d), limits)
                               for d in drafts]
     heads, experts = _model_facts(spec, options)
     if args.ep_sizes and not experts:
@@ -182,6 +150,7 @@ def optimize(args, on_progress=None) -> dict:
         if why:
             refused[lay.label] = why
     plan = [lay for lay in plan if lay.label not in refused]
+    check_logged_capacity(args, plan, bool(drafts))
     if not plan:
         raise InputError("no layout to search: " + "; ".join(f"{k}: {v}" for k, v in refused.items())
                          if refused else f"no layout of {num_devices} devices fits the given sizes")
@@ -381,47 +350,6 @@ def body(args) -> int:
     return 0
 
 
-def int_list(text: str) -> list[int]:
-    return [positive_int(x) for x in text.split(",") if x.strip()]
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"must be a number, got '{text}'") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-MAX_TOP = 1000   # a typo guard, as the work limits are: --top 10^9 was taken silently
-
-
-def _top(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_TOP:
-        raise ValueError(f"must be <= {MAX_TOP}, got {text}")
-    return value
-
-
-def _headroom(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"must be a number, got '{text}'") from None
-    if not (0 <= value < 1):
-        raise ValueError(f"must be in [0, 1), got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = _positive_float(text)
-    if value > 1:
-        raise ValueError(f"must be in (0, 1], got {text}")
-    return value
-
-
 @quiet_broken_pipe
 def main(argv=None) -> int:
     import argparse
@@ -452,7 +380,7 @@ def main(argv=None) -> int:
                         "--request-rate, N arrivals at that rate; with --concurrency, N requests by C users "
                         "(--max-concurrency C --num-prompts N); its throughput includes ramp-up and tail")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--request-rate", type=typed(_positive_float), default=None, metavar="R",
+    load.add_argument("--request-rate", type=typed(positive_float), default=None, metavar="R",
                       help="open-loop load: R requests/s over the whole deployment")
     load.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
                       help="closed-loop load: C users, each sending its next request when answered")
@@ -473,12 +401,12 @@ def main(argv=None) -> int:
                    help="time-per-output-token limit in ms (inf: no limit)")
     p.add_argument("--limit-stat", default="mean", choices=STATS,
                    help="the TTFT and TPOT statistic the limits apply to, over requests (default mean)")
-    p.add_argument("--headroom", type=typed(_headroom), default=0.0, metavar="F",
+    p.add_argument("--headroom", type=typed(headroom_share), default=0.0, metavar="F",
                    help="keep this share below each limit (0.1: aim at 90%% of it; default 0)")
     p.add_argument("--objective", default="throughput", choices=["throughput", "goodput"],
                    help="rank by output tokens/s within the limits (default), or by goodput: requests/s that "
                         "finish within every limit, as vllm bench serve --goodput counts them")
-    p.add_argument("--gpu-hour-price", type=typed(_positive_float), default=None, metavar="USD",
+    p.add_argument("--gpu-hour-price", type=typed(positive_float), default=None, metavar="USD",
                    help="rent per GPU-hour for $/hour and $ per million tokens (default: the device profile's "
                         "price, where it states one)")
     p.add_argument("--wide", action="store_true", help="every column, and the full reasons a candidate fails")
@@ -486,8 +414,12 @@ def main(argv=None) -> int:
                    help="tokens per engine step (the chunked-prefill budget; default: the engine's)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None,
                    help="requests running at once per replica (default: the engine's)")
-    p.add_argument("--gpu-memory-utilization", type=typed(_fraction), default=None,
+    p.add_argument("--gpu-memory-utilization", type=typed(memory_fraction), default=None,
                    help="share of GPU memory the engine plans for (default: the engine's, 0.9 for vLLM)")
+    p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="N",
+                   help="the KV capacity per replica your engine logged for this layout (vLLM: 'GPU KV cache "
+                        "size: N tokens'), priced instead of tracecost's estimate; one layout only, and with "
+                        "--speculative the speculating server's (default: estimated from memory)")
     add_capacity_scheduler_argument(p)
     p.add_argument("--mode", default=MIXED, choices=[MIXED, DISAGG, "both"],
                    help="mixed: prefill and decode on the same instances; disagg: separate prefill and decode "
@@ -507,7 +439,7 @@ def main(argv=None) -> int:
     add_speculation_arguments(p, several=True)
     add_streaming_argument(p)
     add_endpoint_argument(p)
-    p.add_argument("--top", type=typed(_top), default=10, help=f"candidates to show (default 10, at most {MAX_TOP})")
+    p.add_argument("--top", type=typed(top_count), default=10, help=f"candidates to show (default 10, at most {MAX_TOP})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_model_arguments(p)
     args = p.parse_args(argv)
