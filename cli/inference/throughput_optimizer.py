@@ -439,7 +439,8 @@ def main(argv=None) -> int:
     add_speculation_arguments(p, several=True)
     add_streaming_argument(p)
     add_endpoint_argument(p)
-    p.add_argument("--top", type=typed(top_count), default=10, help=f"candidates to show (default 10, at most {MAX_TOP})")
+    p.add_argument("--top", type=typed(top_count), default=10,
+                   help=f"candidates to show (default 10, at most {MAX_TOP})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_model_arguments(p)
     args = p.parse_args(argv)
