@@ -111,7 +111,7 @@ def cases(tmp: Path) -> list[Case]:
                "256", "--output-tokens", "8", "--jobs", "1", "--json"]
     for flag in ("--num-requests", "--request-rate", "--time-scale", "--block-size", "--gpu-cache-gb", "--cpu-cache-gb",
                  "--instances", "--max-prefill-tokens", "--max-running", "--hit-window-s", "--concurrency", "--tp-size",
-                 "--input-tokens", "--output-tokens", "--seed", "--sweep-gpu-cache-gb"):
+                 "--input-tokens", "--output-tokens", "--seed", "--sweep-gpu-cache-gb", "--kv-cache-tokens"):
         for v in BAD_VALUES:
             out.append(Case(ss, f"{flag} {v}", [*base_ss, flag, v]))
     for flag in ("--system-tokens", "--turns", "--user-tokens"):

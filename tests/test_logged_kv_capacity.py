@@ -58,3 +58,24 @@ def test_a_logged_capacity_beyond_what_memory_holds_is_flagged(capsys):
     assert "what the memory holds beside the weights" in note and "check the number" in note
     near = best(capsys, "--kv-cache-tokens", "450000")          # within the estimate's error: taken as logged
     assert "check the number" not in next(n for n in near["notes"] if n.startswith("KV cache"))
+
+
+def test_serving_sim_simulates_the_cache_the_engine_logged(capsys):
+    """serving_sim --kv-cache-tokens N: N tokens of blocks per instance (the null block among them), in place of
+    the cache the memory budget leaves; a cache too small to hold the load then preempts."""
+    from cli.inference.serving_sim import main as sim_main
+    argv = ["llama-3.1-8b", "--device", "h100", "--workload", "random", "--num-requests", "64", "--jobs", "1",
+            "--input-tokens", "1024", "--json"]
+    assert sim_main(argv) == 0
+    auto = json.loads(capsys.readouterr().out)
+    assert sim_main(argv + ["--kv-cache-tokens", "8000"]) == 0
+    logged = json.loads(capsys.readouterr().out)
+    (a,), (b,) = auto["runs"].values(), logged["runs"].values()
+    assert "as the engine logged them (--kv-cache-tokens), 500 blocks of 16" in " ".join(logged["pricing_notes"])
+    assert b["kv_memory_gb"]["gpu_capacity"] < a["kv_memory_gb"]["gpu_capacity"] / 10
+    assert b["preemptions"]["count"] > a["preemptions"]["count"] == 0
+    with pytest.raises(SystemExit) as refused:       # argparse's own exit: two sizes given
+        sim_main(argv + ["--kv-cache-tokens", "8000", "--gpu-cache-gb", "4"])
+    assert refused.value.code == 2 and "drop --gpu-cache-gb" in capsys.readouterr().err
+    assert sim_main(argv + ["--kv-cache-tokens", "10"]) == 2
+    assert "too small" in capsys.readouterr().err

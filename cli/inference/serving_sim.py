@@ -3,7 +3,7 @@
     python -m cli.inference.serving_sim MODEL --device DEVICE --workload PRESET|FILE.jsonl|mooncake:FILE
         | --lengths-file FILE
         [--num-requests R] [--request-rate QPS] [--time-scale X] [--seed S] [--block-size 16]
-        [--cache-policy vllm|sglang] [--gpu-cache-gb auto|X] [--sweep-gpu-cache-gb 8,16,32,64]
+        [--cache-policy vllm|sglang] [--gpu-cache-gb auto|X | --kv-cache-tokens N] [--sweep-gpu-cache-gb 8,16,32,64]
         [--cpu-cache-gb Y] [--instances N] [--routing round-robin|cache-aware]
         [--max-prefill-tokens T] [--max-running N] [--compare] [--disagg P:D] [--gpu-hour-price USD]
         [--hit-window-s S] [--plot FILE.png] [--json]
@@ -58,19 +58,19 @@ def server_config(args, spec, hw, options) -> ServerConfig:
         raise ValueError(f"{spec.name} has no attention KV cache (only recurrent state), so there is no prefix "
                          f"cache to simulate")
     block_bytes = args.block_size * probe.kv_bytes_per_token / max(1, min(args.tp_size, kv_heads(probe)))
-    if args.gpu_cache_gb == "auto":
-        # what the engine's memory budget leaves for the KV cache (serving/capacity.py), as the optimizer uses
-        defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
-        overheads = serving_overheads(args.engine, nearest_release(args.engine, args.engine_release))[0]
-        reserve, group = (overheads.reserve_gb, overheads.group_reserve_gb) if args.execution == "engine" else (0, 0)
-        free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size, group_reserve_gb=group,
-                              expert_resident=expert_resident(probe, args.engine, hw, args.execution)).kv_cache
-        if free <= 0:
-            raise ValueError(f"{spec.name} does not fit on {hw.name} with TP={args.tp_size}: no room for a KV cache")
-        gpu_gb = free / 1e9
+    if args.kv_cache_tokens is not None:     # what the engine logged: its blocks, the null block among them
+        gpu_blocks = args.kv_cache_tokens // args.block_size
+        if gpu_blocks < 2:
+            raise ValueError(f"--kv-cache-tokens {args.kv_cache_tokens} holds {gpu_blocks} block(s) of "
+                             f"{args.block_size} tokens: too small")
+        if gpu_blocks * block_bytes / 1e9 > MAX_CACHE_GB:
+            raise ValueError(f"--kv-cache-tokens {args.kv_cache_tokens:,} is {gpu_blocks * block_bytes / 1e9:,.0f} GB "
+                             f"of KV cache, beyond {MAX_CACHE_GB:g} GB per instance")
+    elif args.gpu_cache_gb == "auto":
+        gpu_blocks = _blocks(estimated_cache_gb(args, probe, hw, spec), block_bytes)
     else:
-        gpu_gb = _positive_gb(args.gpu_cache_gb, "--gpu-cache-gb")
-    return ServerConfig(block_size=args.block_size, gpu_blocks=_blocks(gpu_gb, block_bytes),
+        gpu_blocks = _blocks(_positive_gb(args.gpu_cache_gb, "--gpu-cache-gb"), block_bytes)
+    return ServerConfig(block_size=args.block_size, gpu_blocks=gpu_blocks,
                         cpu_blocks=int(args.cpu_cache_gb * 1e9 // block_bytes), gpus_per_instance=args.tp_size,
                         max_prefill_tokens=args.max_prefill_tokens, max_running=args.max_running,
                         block_bytes=block_bytes, host_link_bytes_per_s=hw.host_link_bandwidth_gbps * 1e9,
@@ -78,6 +78,19 @@ def server_config(args, spec, hw, options) -> ServerConfig:
                         api_server=args.api_server, chat_requests=args.endpoint == "chat",
                         reserve_output=args.execution == "engine" and reserves_whole_output(args.engine,
                                                                                              args.capacity_scheduler))
+
+
+def estimated_cache_gb(args, probe, hw, spec) -> float:
+    """What the engine's memory budget leaves for the KV cache per GPU (serving/capacity.py), as the optimizer
+    uses it."""
+    defaults = ENGINES[args.engine].serving_defaults(hw.memory_capacity_gb, hw.name)
+    overheads = serving_overheads(args.engine, nearest_release(args.engine, args.engine_release))[0]
+    reserve, group = (overheads.reserve_gb, overheads.group_reserve_gb) if args.execution == "engine" else (0, 0)
+    free = replica_memory(probe, hw, defaults, reserve, tp=args.tp_size, group_reserve_gb=group,
+                          expert_resident=expert_resident(probe, args.engine, hw, args.execution)).kv_cache
+    if free <= 0:
+        raise ValueError(f"{spec.name} does not fit on {hw.name} with TP={args.tp_size}: no room for a KV cache")
+    return free / 1e9
 
 
 def _positive_gb(text: str, flag: str) -> float:
@@ -217,7 +230,7 @@ def run(args) -> dict:
         raise InputError("--speculative is not simulated with --disagg")
     cost = speculative_step(StepCost(spec, hw, options, args.execution, args.tp_size, args.engine,
                                      release=args.engine_release, streams=args.stream), drafts[0] if drafts else None)
-    if drafts:   # the draft's weights and KV take their share of the cache
+    if drafts and args.kv_cache_tokens is None:   # the draft's weights and KV take their share of the cache
         plain = cost.target.replica_memory(config.max_prefill_tokens)
         ours = cost.replica_memory(config.max_prefill_tokens, max_num_seqs=args.max_running)
         config = replace(config, gpu_blocks=max(1, int(config.gpu_blocks * ours.kv_tokens / max(1, plain.kv_tokens))))
@@ -245,6 +258,9 @@ def run(args) -> dict:
         cost.shared = None
     else:
         results = dict(map(_simulate_one, runs))
+    logged_cache = [f"KV cache: {args.kv_cache_tokens:,} tokens per instance as the engine logged them "
+                    f"(--kv-cache-tokens), {config.gpu_blocks:,} blocks of {config.block_size}"] \
+        if args.kv_cache_tokens else []
     for label, summary in results.items():
         summary["dollars"] = price.of(runs[label].gpus, summary["output_tokens_per_s"],
                                       summary["total_tokens_per_s"]) if price else None
@@ -259,7 +275,7 @@ def run(args) -> dict:
            "origin": cost.origin.as_json(),
            # how the steps are priced: weight formats, collectives, the draft (the speculation line is its own)
            "pricing_notes": [n for n in cost.formats_notes()
-                             if cost.speculation is None or n != cost.speculation.describe()],
+                             if cost.speculation is None or n != cost.speculation.describe()] + logged_cache,
            "speculation": cost.speculation.describe() if cost.speculation is not None else None,
            "load": _load_label(args), "runs": {k: results[k] for k in runs},
            "warnings": list(report.warnings) + [m for k in runs for m in results[k]["overload"]],
@@ -354,6 +370,9 @@ def main(argv=None) -> int:
                    help="whose prefix-cache rules: vllm (paged blocks, default) or sglang (token radix tree)")
     p.add_argument("--gpu-cache-gb", default="auto", help="KV cache size per GPU instance, or auto (memory left "
                                                           "after weights and activations, at 90%% utilization)")
+    p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="N",
+                   help="the KV cache per instance in tokens, as your engine logged it (vLLM: 'GPU KV cache size: N "
+                        "tokens'), instead of --gpu-cache-gb")
     p.add_argument("--sweep-gpu-cache-gb", type=str, default=None, metavar="GB,GB,...",
                    help="one run per GPU cache size: hit rate vs capacity (table; --plot draws it)")
     p.add_argument("--cpu-cache-gb", type=finite_float(0.0, MAX_CACHE_GB), default=0.0,
@@ -401,6 +420,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.concurrency and args.request_rate:
         p.error("--concurrency (closed loop) and --request-rate (open loop) do not combine")
+    if args.kv_cache_tokens is not None and (args.gpu_cache_gb != "auto" or args.sweep_gpu_cache_gb is not None):
+        p.error("--kv-cache-tokens gives the cache size: drop --gpu-cache-gb / --sweep-gpu-cache-gb")
     if args.sweep_gpu_cache_gb is not None:
         try:
             args.sweep_gpu_cache_gb = _gb_list(args.sweep_gpu_cache_gb)
