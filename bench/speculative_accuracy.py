@@ -166,12 +166,9 @@ def logged_kv_rows(runs, predictor: Predictor, estimating: Predictor) -> list[di
     for run in runs:
         if run.kv_cache_tokens:
             label = re.sub(r" k=\d+$", "", run.speculation.label) if run.speculation else "none"
-            cost = predictor.cost(run)
-            d = cost.defaults
-            seqs, tokens = run.max_num_seqs or d.max_num_seqs, run.max_batched_tokens or d.max_batched_tokens
             setups.setdefault((run.model, run.device, run.tp, label), {
                 "model": run.model, "device": run.device, "tp": run.tp, "speculation": label,
-                "logged": run.kv_cache_tokens, "estimated": estimating.kv_tokens(run, cost, tokens, seqs)})
+                "logged": run.kv_cache_tokens, "estimated": estimating.limits(run, predictor.cost(run)).kv_tokens})
     return list(setups.values())
 
 
